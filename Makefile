@@ -1,0 +1,69 @@
+# modelswap — developer and CI entry points. Every target is safe to run twice.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+LAB ?= msl
+LAB_HOSTS ?= 2
+export MODELSWAP_LAB := $(LAB)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+LABCTL := $(BIN)/python -m tests.lab.labctl
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: help venv deps lab-up lab-down lab-status lint unit test-unit test-lab test demo collection clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.stamp ## controller virtualenv with requirements*.txt
+
+$(VENV)/.stamp: requirements.txt requirements-test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/pip install -q -r requirements.txt -r requirements-test.txt 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -c "import ansible, ansible_runner, huggingface_hub, pynvml, locust, pytest, safetensors, tokenizers"
+	touch $@
+
+deps: ## host packages the lab needs (systemd-nspawn, debootstrap)
+	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap zstd >/dev/null; }
+
+lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM wheelhouse
+	$(LABCTL) up --hosts $(LAB_HOSTS)
+
+lab-down: venv ## stop and remove the lab (keeps the download caches)
+	$(LABCTL) down
+
+lab-status: venv ## show the lab's hosts and services
+	$(LABCTL) status
+
+lint: venv ## ansible-lint (production profile) and ansible-doc of every module
+	$(BIN)/ansible-lint --profile production --nocolor
+	@for m in library/*.py; do n=$$(basename $$m .py); \
+	  $(BIN)/ansible-doc -t module modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: $$n"; exit 1; }; \
+	  echo "ansible-doc ok: modelswap.vllm.$$n"; done
+
+test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
+	$(PYTEST) -m "unit or hub" -q
+
+test-lab: lab-up ## tests on the lab's hosts (real systemd, SSH, vLLM)
+	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "lab or vllm" -q
+
+test: venv deps ## everything: lint, unit, hub, lab (what CI runs)
+	$(MAKE) lint
+	MODELSWAP_REQUIRE_LAB=1 $(MAKE) test-unit
+	$(MAKE) test-lab
+
+collection: venv ## build the modelswap.vllm collection tarball into build/
+	mkdir -p build
+	$(BIN)/ansible-galaxy collection build --force --output-path build .
+
+demo: lab-up ## the main job on the lab (see README)
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/demo.yml
+
+clean: lab-down ## remove the lab and the virtualenv (the lab's caches stay)
+	rm -rf $(VENV) build
