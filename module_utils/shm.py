@@ -1,0 +1,212 @@
+# -*- coding: utf-8 -*-
+"""Shared-memory leftovers in /dev/shm: which files to remove, and removing only those.
+
+vLLM, NCCL and torch leave files in /dev/shm (`nccl-*`, `psm_*`, `sem.mp-*`, `vllm_*`) when their
+processes die hard; they fill the tmpfs and confuse the next start. On a shared host only the
+service user's files that no live process holds open or maps may go. This module plans that
+(pure: directory listing + /proc scan) and applies the plan with a re-check before each unlink.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import pwd
+import stat
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
+
+SHM_DIR = "/dev/shm"
+DEFAULT_PATTERNS = ("nccl-*", "psm_*", "sem.mp-*", "vllm_*")
+WILDCARDS = set("*?[]!")
+
+
+class ShmError(Exception):
+    """Bad input or a failure the caller must report (the message says what and how to fix)."""
+
+
+def pattern_problem(pattern):
+    """Why `pattern` is not an acceptable /dev/shm leftover pattern, or None when it is.
+
+    A pattern is a glob on a file name directly inside the shm directory. "Unknown" (rejected):
+    empty, absolute or containing '/' (it would name something outside the directory or a
+    subdirectory), starting with '.' ('.', '..' and hidden entries), containing NUL, or made of
+    wildcards only (it would match every file of the user: name a prefix such as 'sem.loky-*').
+    """
+    if not isinstance(pattern, str) or not pattern.strip():
+        return "is empty"
+    if "\0" in pattern:
+        return "contains a NUL byte"
+    if pattern.startswith("/"):
+        return "is absolute; patterns match file names inside the shm directory"
+    if "/" in pattern:
+        return "contains '/'; patterns match file names directly inside the shm directory"
+    if pattern.startswith("."):
+        return "starts with '.' ('.', '..' and hidden entries are never leftovers)"
+    # Drop bracket expressions and wildcards: what is left must say which files are meant.
+    out = []
+    depth = 0
+    for ch in pattern:
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+        elif depth == 0 and ch not in WILDCARDS:
+            out.append(ch)
+    if len("".join(out).strip()) < 2:
+        return "would match almost any file name; give a literal prefix such as 'sem.loky-*'"
+    return None
+
+
+def validate_patterns(patterns):
+    """Raise ShmError naming every unacceptable pattern in `patterns`."""
+    bad = []
+    for pattern in patterns:
+        why = pattern_problem(pattern)
+        if why:
+            bad.append("%r %s" % (pattern, why))
+    if bad:
+        raise ShmError("Cannot clean shared memory: unknown shm pattern(s): %s. Fix: use file-name "
+                       "globs such as 'nccl-*' or 'sem.loky-*'." % "; ".join(bad))
+
+
+def resolve_user(user):
+    """(uid, name) of `user`; ShmError when the account does not exist on this host."""
+    if not user or not str(user).strip():
+        raise ShmError("Cannot clean shared memory: service_user is empty. Fix: give the account "
+                       "that runs the vLLM service (e.g. 'vllm').")
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ShmError("Cannot clean shared memory: service user %r does not exist on this host "
+                       "(no passwd entry). Fix: create the account first or name the user that "
+                       "runs the service." % user)
+    return entry.pw_uid, entry.pw_name
+
+
+def _match(name, patterns):
+    for pattern in patterns:
+        if fnmatch.fnmatchcase(name, pattern):
+            return pattern
+    return None
+
+
+def plan(shm_dir, uid, patterns=DEFAULT_PATTERNS, proc=procfs.PROC, exclude_pids=None):
+    """What to remove from `shm_dir`: files matching `patterns`, owned by `uid`, unused.
+
+    Returns a dict:
+      remove:       [{path, name, size, pattern, dev, ino}] owned by uid and used by nobody
+      in_use:       [{path, owner, size, holders: [{pid, user, cmdline, via}]}] kept
+      other_owner:  [{path, owner, size}] matching files of other users, kept
+      skipped:      [{path, reason}] matching entries that are not regular files, kept
+      uninspectable: PIDs whose open files/maps could not be read
+    Raises ShmError when the directory cannot be read.
+    """
+    if exclude_pids is None:
+        exclude_pids = (os.getpid(),)
+    try:
+        names = sorted(os.listdir(shm_dir))
+    except OSError as exc:
+        raise ShmError("Cannot clean shared memory: cannot list %s: %s. Fix: check that the "
+                       "directory exists and the module runs as root (become: true)."
+                       % (shm_dir, exc.strerror or exc))
+    result = {"remove": [], "in_use": [], "other_owner": [], "skipped": [], "uninspectable": []}
+    candidates = {}
+    for name in names:
+        pattern = _match(name, patterns)
+        if pattern is None:
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            result["skipped"].append({"path": path, "reason": "cannot stat: %s" % exc.strerror})
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            kind = "symlink" if stat.S_ISLNK(st.st_mode) else \
+                "directory" if stat.S_ISDIR(st.st_mode) else "special file"
+            result["skipped"].append({"path": path, "reason": "%s, not a regular file" % kind})
+            continue
+        entry = {"path": path, "name": name, "size": st.st_size, "pattern": pattern,
+                 "owner": procfs.user_name(st.st_uid), "dev": st.st_dev, "ino": st.st_ino,
+                 "uid": st.st_uid}
+        if st.st_uid != uid:
+            result["other_owner"].append({"path": path, "owner": entry["owner"],
+                                          "size": st.st_size})
+            continue
+        candidates[(st.st_dev, st.st_ino)] = path
+        result["remove"].append(entry)
+    found, uninspectable = procfs.holders(candidates, proc=proc, exclude_pids=exclude_pids)
+    result["uninspectable"] = uninspectable
+    keep = []
+    for entry in result["remove"]:
+        users = found.get(entry["path"])
+        if not users:
+            keep.append(entry)
+            continue
+        holders = []
+        for holder in users:
+            info = procfs.process_info(holder["pid"], proc=proc) or {}
+            holders.append({"pid": holder["pid"], "user": info.get("user"),
+                            "cmdline": info.get("cmdline"), "via": holder["via"]})
+        result["in_use"].append({"path": entry["path"], "owner": entry["owner"],
+                                 "size": entry["size"], "holders": holders})
+    result["remove"] = keep
+    return result
+
+
+def removable(planned):
+    """Split the plan into (files to remove, files left unverified).
+
+    "Unused" must be proven: when some process's open files or mappings could not be read
+    (not root, hidepid, an LSM), any of them might hold a candidate, so nothing is removed.
+    """
+    if planned["uninspectable"]:
+        return [], list(planned["remove"])
+    return list(planned["remove"]), []
+
+
+def apply(planned, shm_dir):
+    """Remove the planned files; re-check each just before unlinking it.
+
+    A file is unlinked by name relative to an open descriptor of `shm_dir`, never through a
+    path that could be redirected, and only if it is still the same inode with the same owner.
+    Returns (removed, errors): removed = [{path, size}], errors = [{path, reason}].
+    """
+    removed, errors = [], []
+    if not planned:
+        return removed, errors
+    dir_fd = os.open(shm_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for entry in planned:
+            name = entry["name"]
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone already: nothing to do
+            except OSError as exc:
+                errors.append({"path": entry["path"], "reason": exc.strerror or str(exc)})
+                continue
+            if (st.st_dev, st.st_ino, st.st_uid) != (entry["dev"], entry["ino"], entry["uid"]) \
+                    or not stat.S_ISREG(st.st_mode):
+                errors.append({"path": entry["path"],
+                               "reason": "changed since it was checked (replaced or re-owned); left"})
+                continue
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue
+                errors.append({"path": entry["path"], "reason": exc.strerror or str(exc)})
+                continue
+            removed.append({"path": entry["path"], "size": entry["size"]})
+    finally:
+        os.close(dir_fd)
+    return removed, errors
+
+
+def public(planned):
+    """The plan's entries as they appear in module results (no inode numbers)."""
+    return [{"path": e["path"], "size": e["size"], "pattern": e["pattern"]} for e in planned]
