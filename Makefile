@@ -30,7 +30,7 @@ $(VENV)/.stamp: requirements.txt requirements-test.txt
 	touch $@
 
 deps: ## host packages the lab needs (systemd-nspawn, debootstrap)
-	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null || { \
+	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap zstd >/dev/null; }
 
 lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM wheelhouse
