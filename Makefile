@@ -64,7 +64,9 @@ collection: venv ## build the modelswap.vllm collection tarball into build/
 	$(BIN)/ansible-galaxy collection build --force --output-path build .
 
 demo: lab-up ## the main job on the lab (see README)
-	$(BIN)/ansible-playbook -i inventory/lab playbooks/demo.yml
+	$(BIN)/ansible-playbook -i inventory/lab tests/lab/playbooks/lab_serve.yml
+	@echo "tiny-a is served by real vLLM on gpu1: curl http://$$($(LABCTL) address gpu1):8000/v1/models"
+	@echo "stop everything with: make lab-down"
 
 clean: lab-down ## remove the lab and the virtualenv (the lab's caches stay)
 	rm -rf $(VENV) build

@@ -698,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="skip building the vLLM wheelhouse (hosts that will not run vLLM)")
     sub.add_parser("down", help="tear the lab down")
     sub.add_parser("status", help="show the lab")
+    p_addr = sub.add_parser("address", help="print a host's address")
+    p_addr.add_argument("host")
     args = parser.parse_args(argv)
     try:
         lab = lab_from_env()
@@ -707,6 +709,10 @@ def main(argv: list[str] | None = None) -> int:
             up(lab, args.hosts, with_wheelhouse=not args.no_wheelhouse)
         elif args.cmd == "down":
             down(lab)
+        elif args.cmd == "address":
+            if args.host not in lab.hosts:
+                raise LabError(f"no host {args.host!r} in lab '{lab.name}' (hosts: {', '.join(lab.hosts) or 'none'})")
+            print(lab.address(args.host))
         else:
             return status(lab)
     except LabError as exc:

@@ -1,0 +1,62 @@
+"""The repo builds into an installable collection modelswap.vllm that another repo uses by FQCN
+(DESIGN: a collection from day one; issue 2 item 1, issue 9)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.lab.fixtures import REPO
+
+pytestmark = pytest.mark.lab
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("build")
+    subprocess.run([BIN / "ansible-galaxy", "collection", "build", "--force", "--output-path", out, "."],
+                   cwd=REPO, check=True, capture_output=True)
+    tarball = next(out.glob("modelswap-vllm-*.tar.gz"))
+    colls = tmp_path_factory.mktemp("collections")
+    subprocess.run([BIN / "ansible-galaxy", "collection", "install", "-p", colls, tarball],
+                   cwd=out, check=True, capture_output=True)
+    return tarball, colls / "ansible_collections" / "modelswap" / "vllm"
+
+
+def test_the_tarball_has_modules_and_helpers_and_no_local_state(installed):
+    tarball, _ = installed
+    names = tarfile.open(tarball).getnames()
+    assert "plugins/modules" in names and "plugins/module_utils" in names
+    assert "library/modelswap_info.py" in names and "module_utils/about.py" in names
+    assert "meta/runtime.yml" in names
+    assert not [n for n in names if n.startswith((".venv", ".collections", ".git/", "inventory/lab/hosts"))]
+
+
+def test_the_installed_collection_resolves_modules_through_its_plugins_links(installed):
+    _, root = installed
+    assert (root / "plugins" / "modules" / "modelswap_info.py").is_file()
+    assert (root / "plugins" / "module_utils" / "about.py").is_file()
+
+
+def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_path):
+    _, root = installed
+    other = tmp_path / "other-infra"
+    other.mkdir()
+    (other / "site.yml").write_text((REPO / "tests/integration/other_repo/site.yml").read_text())
+    (other / "ansible.cfg").write_text(
+        f"[defaults]\ncollections_path = {root.parents[2]}\nhost_key_checking = True\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=str(other / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([BIN / "ansible-playbook", "-i", str(lab.inventory), "site.yml"],
+                          cwd=other, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "other-repo saw modelswap.vllm 0.1.0" in proc.stdout
+    # It ran the installed copy, not this repository's.
+    doc = subprocess.run([BIN / "ansible-doc", "-t", "module", "modelswap.vllm.modelswap_info"],
+                         cwd=other, env=env, capture_output=True, text=True)
+    assert str(root) in doc.stdout and str(REPO / "library") not in doc.stdout
