@@ -23,7 +23,7 @@ def installed(tmp_path_factory):
                    cwd=REPO, check=True, capture_output=True)
     tarball = next(out.glob("modelswap-vllm-*.tar.gz"))
     colls = tmp_path_factory.mktemp("collections")
-    subprocess.run([BIN / "ansible-galaxy", "collection", "install", "-p", colls, tarball],
+    subprocess.run([BIN / "ansible-galaxy", "collection", "install", "--force", "-p", colls, tarball],
                    cwd=out, check=True, capture_output=True)
     return tarball, colls / "ansible_collections" / "modelswap" / "vllm"
 
