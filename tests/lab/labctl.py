@@ -229,11 +229,22 @@ def prepare_base(root: Path) -> None:
     (root / "etc/apt/apt.conf.d/99modelswap-lab").write_text('Acquire::Languages "none";\n')
 
 
+def prune_old_bases(keep: str) -> None:
+    """Drop bases of older recipes (about 0.5 GB each) that no mounted overlay still uses."""
+    mounts = Path("/proc/mounts").read_text()
+    for old in CACHE.glob("base-*"):
+        if old.name.startswith(f"base-{keep}") or f"lowerdir={old}" in mounts:
+            continue
+        log(f"removing the cached base of an older recipe: {old.name}")
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
 def ensure_base() -> Path:
     """A cached, prepared Debian base: unpacked under the cache, tarball kept to rebuild fast."""
     key = base_key()
     tree = CACHE / f"base-{key}"
     tarball = CACHE / f"base-{key}.tar.zst"
+    prune_old_bases(keep=key)
     if (tree / ".complete").exists():
         return tree
     if tree.exists():
