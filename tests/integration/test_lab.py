@@ -44,6 +44,23 @@ def test_ansible_reaches_every_host_over_ssh_with_host_key_checking(lab, tmp_pat
         assert about["collection"] == "modelswap.vllm" and about["python"].startswith("3.11")
 
 
+def test_a_host_whose_key_is_not_the_known_one_is_refused(lab, tmp_path):
+    from tests.lab.fixtures import write_playbook
+    wrong = tmp_path / "known_hosts"
+    other_key = lab.ssh("gpu2", "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[:2]
+    wrong.write_text(f"{lab.address('gpu1')} {' '.join(other_key)}\n")   # gpu2's key for gpu1
+    book = write_playbook(tmp_path, [{
+        "name": "ping", "hosts": "gpu1", "gather_facts": False,
+        "vars": {"ansible_ssh_common_args": f"-o UserKnownHostsFile={wrong} -o StrictHostKeyChecking=yes",
+                 # a fresh connection: a live ControlMaster would skip the key exchange
+                 "ansible_ssh_args": "-o ControlMaster=no -o ControlPath=none"},
+        "tasks": [{"name": "ping", "ansible.builtin.ping": {}}]}])
+    result = lab.playbook(book)
+    assert result.rc != 0
+    assert result.stats.get("dark", {}).get("gpu1") == 1
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in result.stdout or "Host key verification failed" in result.stdout
+
+
 def test_a_templated_unit_starts_answers_on_its_own_address_and_stops(lab):
     book = "tests/integration/playbooks/lab_unit.yml"
     started = lab.playbook(book)

@@ -90,7 +90,9 @@ class Lab:
                 playbook=str(Path(path) if Path(path).is_absolute() else REPO / path),
                 inventory=str(inventory or self.inventory), extravars=extra_vars or {},
                 limit=limit, tags=tags, cmdline=" ".join(cmdline) or None, quiet=True,
-                envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+                # ansible-runner turns host key checking off unless told: keep ansible.cfg's.
+                envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+                         "ANSIBLE_HOST_KEY_CHECKING": "True"},
                 timeout=timeout)
             # The artifacts live in the temporary folder: read everything before it goes.
             return PlaybookResult(rc=run.rc, status=run.status, stats=run.stats or {},
@@ -114,4 +116,3 @@ def write_playbook(tmp_path: Path, plays: list[dict]) -> Path:
     path = tmp_path / "playbook.yml"
     path.write_text(json.dumps(plays, indent=2))
     return path
-
