@@ -1,0 +1,473 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: disk_plan
+short_description: Plan the disk space a model swap needs, and what to purge for it
+version_added: "0.1.0"
+description:
+  - Read-only. Measures the file system that holds the model store (a Hugging Face hub cache
+    and/or a folder of plain model directories), the bytes the target model still needs, and
+    the bytes orphaned partial downloads hold; proposes an ordered purge (least recently used
+    first, unless O(candidates) gives an order) with the bytes each item would really free,
+    and returns a verdict C(fits), C(fits_after_purge) or C(does_not_fit).
+  - The target's needed bytes are its files at the pinned revision (from the cache's tree
+    listing, or the Hub's file list, honouring allow/ignore patterns) minus the blobs already in
+    the cache, so a partly cached model needs only the rest. Or an explicit O(target_bytes).
+  - Freed bytes are allocated bytes (what C(df) sees), computed with huggingface_hub's deletion
+    rules. A revision's blob goes only when no remaining revision links it, so blobs shared
+    between revisions are counted once; a hard-linked file only when its last link goes.
+  - Never proposes the served model (from the deployment record and the vLLM unit), the target or
+    the O(keep) models. If only purging the served model would make room, the verdict says so and
+    names the downtime it implies; it is proposed only with O(allow_served_purge=true).
+  - The cache scan is a single C(os.scandir) walk, several times faster than
+    C(huggingface_hub.scan_cache_dir) on big caches (see tests/bench/bench_disk_plan.py).
+options:
+  cache_dir:
+    description:
+      - The Hugging Face hub cache (the folder holding C(models--org--name) folders, e.g.
+        C(~/.cache/huggingface/hub)). The target is planned into it.
+      - At least one of O(cache_dir) and O(models_dir) is required.
+    type: path
+  models_dir:
+    description:
+      - A folder whose sub-directories are plain model directories (each a candidate as a whole).
+      - When O(cache_dir) is not set, the target is planned onto this folder's file system.
+    type: path
+  models:
+    description:
+      - The model catalog (C(modelswap_models)), name to C({repo_id, revision, allow_patterns,
+        ignore_patterns, ...}). O(target), O(keep), O(served) and catalog names in O(candidates)
+        are looked up in it.
+    type: dict
+    default: {}
+  target:
+    description:
+      - Catalog name of the model to make room for. It is protected from purging.
+      - One of O(target) and O(target_bytes) is required.
+    type: str
+  target_bytes:
+    description:
+      - Bytes the target still needs, when the Hub is unreachable. Used as is; the Hub is not asked.
+    type: int
+  endpoint:
+    description:
+      - The Hub endpoint to list the target's files from (default C(HF_ENDPOINT) or huggingface.co).
+    type: str
+  token:
+    description:
+      - Hub token for private or gated repos. Never logged or returned.
+    type: str
+  headroom:
+    description:
+      - Free space to keep after the download, as a percentage of the file system's size
+        (C(5%)) or a size (C(20GiB), C(20G) binary, C(20GB) decimal, or bytes).
+    type: str
+    default: "5%"
+  keep:
+    description:
+      - Catalog names never to purge (fallback models).
+    type: list
+    elements: str
+    default: []
+  served:
+    description:
+      - Catalog name of the model the host serves, in addition to what O(deployment_record) and
+        O(vllm_unit) say. Protected like them.
+    type: str
+  deployment_record:
+    description:
+      - The host's deployment record (JSON with C(model), C(repo_id), C(commit), C(path)), written by
+        the vllm_service role. A missing file is fine; a malformed one is an error.
+    type: path
+    default: /var/lib/modelswap/deployment.json
+  vllm_unit:
+    description:
+      - The systemd unit that runs vLLM. The model in its C(ExecStart) is protected as served.
+        Empty to skip.
+    type: str
+    default: vllm.service
+  protect_paths:
+    description:
+      - Extra paths never to purge (and whatever contains them).
+    type: list
+    elements: path
+    default: []
+  candidates:
+    description:
+      - What may be purged, in this order. Each is a catalog name (its pinned revision), a repo id
+        C(org/name) (every revision), C(org/name@<commit>), a plain directory name under
+        O(models_dir), or an absolute path in the store.
+      - Unset means every unprotected item, least recently used first.
+      - A candidate that is not in the store, or is protected, is an error.
+    type: list
+    elements: str
+  allow_served_purge:
+    description:
+      - Allow the plan to purge the served model when nothing else makes room (downtime).
+    type: bool
+    default: false
+  clean_orphans:
+    description:
+      - Count orphaned partial downloads (C(*.incomplete) whose download lock nobody holds) as
+        reclaimable; they are reclaimed first.
+    type: bool
+    default: true
+  download_rate:
+    description:
+      - Expected download speed per second (a size, e.g. C(400MiB)) to estimate downtime.
+    type: str
+  fail_on_does_not_fit:
+    description:
+      - Fail when the verdict is C(does_not_fit) (the plan is still returned).
+    type: bool
+    default: false
+  scan_workers:
+    description:
+      - Threads that scan cache repos. One is fastest on a warm page cache; more help on a cold cache
+        of a slow or network disk (measured, 50k files cold, 8 threads - 7.1 s down to 4.0 s).
+    type: int
+    default: 1
+attributes:
+  check_mode:
+    description: Can run in check mode and return the same result without changing the target.
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    description: Returns no diff; it changes nothing.
+    support: none
+requirements:
+  - huggingface_hub >= 1.0 on the host, only to list the target's files on the Hub (not needed with
+    O(target_bytes) or when the cache already holds the pinned revision's tree listing).
+notes:
+  - Set C(ansible_python_interpreter) for this task to a Python with huggingface_hub (on serving
+    hosts, the vLLM virtualenv's).
+seealso:
+  - module: modelswap.vllm.model_purge
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Plan room for the target model
+  modelswap.vllm.disk_plan:
+    cache_dir: /var/lib/modelswap/hf/hub
+    models: "{{ modelswap_models }}"
+    target: kimi-k2.5-int4
+    keep: "{{ modelswap_keep }}"
+    headroom: 5%
+    endpoint: https://huggingface.co
+    token: "{{ hf_token }}"
+  register: plan
+
+- name: Plan offline with a known size, purging only the listed models in this order
+  modelswap.vllm.disk_plan:
+    cache_dir: /data/hf/hub
+    models_dir: /data/models
+    models: "{{ modelswap_models }}"
+    target: kimi-k2.5-int4
+    target_bytes: "{{ 547 * 1000 ** 3 }}"
+    candidates: [old-llama, /data/models/scratch-finetune]
+    fail_on_does_not_fit: true
+"""
+
+RETURN = r"""
+verdict:
+  description: C(fits), C(fits_after_purge) or C(does_not_fit).
+  returned: always
+  type: str
+  sample: fits_after_purge
+fits:
+  description: Whether the target fits (now, or after the proposed purge).
+  returned: always
+  type: bool
+reason:
+  description: Why, in words (names the downtime when only the served model would make room).
+  returned: always
+  type: str
+summary:
+  description: One line for humans (free, needed, to purge, verdict).
+  returned: always
+  type: str
+  sample: "free 120.0 GiB; needed 510.0 GiB (+50.0 GiB headroom); purge 498.0 GiB: org/old; fits_after_purge"
+filesystem:
+  description: The file system the target lands on.
+  returned: always
+  type: dict
+  contains:
+    path: {description: A path on it (the store folder)., type: str}
+    total_bytes: {description: Its size., type: int}
+    free_bytes: {description: Free bytes (root's view)., type: int}
+    available_bytes: {description: Bytes available to unprivileged users (what the plan uses)., type: int}
+    block_size: {description: Fundamental block size., type: int}
+target:
+  description: What the target needs.
+  returned: always
+  type: dict
+  contains:
+    name: {description: Catalog name., type: str}
+    repo_id: {description: Repo id., type: str}
+    revision: {description: The catalog's revision., type: str}
+    commit: {description: The commit it resolves to (null with target_bytes)., type: str}
+    source: {description: "Where the file list came from: hub, tree_cache or explicit.", type: str}
+    files: {description: Files after allow/ignore patterns., type: int}
+    total_bytes: {description: Their size., type: int}
+    cached_bytes: {description: Size of those already in the cache., type: int}
+    missing_files: {description: Distinct blobs still to download., type: int}
+    download_bytes: {description: Bytes to download., type: int}
+    needed_bytes: {description: "Disk bytes the download will take (blocks, links).", type: int}
+headroom_bytes:
+  description: Headroom in bytes.
+  returned: always
+  type: int
+required_bytes:
+  description: needed_bytes + headroom_bytes.
+  returned: always
+  type: int
+shortfall_bytes:
+  description: Bytes missing even after every allowed purge (0 unless does_not_fit).
+  returned: always
+  type: int
+orphans:
+  description: Partial downloads (C(*.incomplete)) with their lock state.
+  returned: always
+  type: dict
+  contains:
+    reclaimable_bytes: {description: Bytes of those no download holds., type: int}
+    in_use_bytes: {description: Bytes of those a live download holds., type: int}
+    files: {description: "Each with path, repo_id, bytes, state (reclaimable or in_use).", type: list}
+candidates:
+  description: Purge candidates in order, each with the bytes it frees after the ones before it.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"item": "org/old", "kind": "repo", "bytes": 1073741824, "cumulative_bytes": 1073741824,
+            "order": 1, "path": "/data/hf/hub/models--org--old", "models": ["old"]}]
+purge:
+  description: The items to purge (the shortest prefix of candidates that makes it fit).
+  returned: always
+  type: list
+  elements: str
+purge_bytes:
+  description: Bytes the proposed purge frees (orphans included).
+  returned: always
+  type: int
+purge_orphans:
+  description: Whether the plan reclaims orphaned partial downloads.
+  returned: always
+  type: bool
+protected:
+  description: What is protected and why (rule served, target, keep or path).
+  returned: always
+  type: list
+  elements: dict
+excluded:
+  description: Store items that are not candidates, and why.
+  returned: always
+  type: list
+  elements: dict
+served:
+  description: The served model as the host knows it (name, repo_id, commit, path, sources, unit_active).
+  returned: always
+  type: dict
+served_purge:
+  description: When only purging the served model would make room, what it would free and the downtime.
+  returned: always
+  type: dict
+downtime:
+  description: Whether the proposed purge includes the served model.
+  returned: always
+  type: bool
+store:
+  description: Counts of what was scanned, and scan warnings.
+  returned: always
+  type: dict
+timings:
+  description: Seconds spent scanning, asking the Hub, planning.
+  returned: always
+  type: dict
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_files
+from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
+    STORE_ARGS,
+    fs_info,
+    host_state,
+    scan,
+)
+
+ACTION = "disk_plan"
+
+
+def main():
+    argument_spec = dict(STORE_ARGS)
+    argument_spec.update(
+        target_bytes=dict(type="int"),
+        endpoint=dict(type="str"),
+        token=dict(type="str", no_log=True),
+        headroom=dict(type="str", default="5%"),
+        candidates=dict(type="list", elements="str"),
+        clean_orphans=dict(type="bool", default=True),
+        download_rate=dict(type="str"),
+        fail_on_does_not_fit=dict(type="bool", default=False),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+                           required_one_of=[("cache_dir", "models_dir"), ("target", "target_bytes")])
+    p = module.params
+
+    def fail(msg, **extra):
+        module.fail_json(msg="%s: %s" % (ACTION, msg), **extra)
+
+    if p["target_bytes"] is not None and p["target_bytes"] < 0:
+        fail("target_bytes %d is negative: give the bytes the target needs (0 or more)" % p["target_bytes"])
+    try:
+        rate = dp.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
+    except dp.PlanError as exc:
+        fail(str(exc))
+    timings = {}
+    store, timings["scan_s"] = scan(module, ACTION)
+    fs = fs_info(store.cache_dir or store.models_dir)
+    try:
+        headroom = dp.parse_headroom(p["headroom"], fs["total_bytes"])
+    except dp.PlanError as exc:
+        fail(str(exc))
+
+    # target
+    target = {"name": p["target"], "repo_id": None, "revision": None, "commit": None}
+    entry = None
+    if p["target"]:
+        try:
+            entry = dp.catalog_entry(p["models"], p["target"], "target")
+        except dp.PlanError as exc:
+            fail(str(exc))
+        target.update(repo_id=entry["repo_id"], revision=entry["revision"])
+    started = time.monotonic()
+    listed_files = []
+    if p["target_bytes"] is not None:
+        target.update(source="explicit", files=None, total_bytes=p["target_bytes"], cached_bytes=0,
+                      missing_files=None, download_bytes=p["target_bytes"],
+                      needed_bytes=p["target_bytes"], metadata_bytes=0)
+        if entry is not None and ms.COMMIT_RE.match(entry["revision"]):
+            target["commit"] = entry["revision"]
+    else:
+        try:
+            listed = hub_files.target_files(
+                entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=p["endpoint"],
+                token=p["token"], allow_patterns=entry["allow_patterns"],
+                ignore_patterns=entry["ignore_patterns"])
+        except dp.PlanError as exc:
+            fail(str(exc))
+        listed_files = listed["files"]
+        target.update(commit=listed["commit"], source=listed["source"])
+        target.update(dp.target_needs(store, entry["repo_id"], listed["commit"], listed["files"],
+                                      fs["block_size"]))
+    timings["hub_s"] = time.monotonic() - started
+    started = time.monotonic()
+
+    state = host_state(module, store, ACTION, target_commit=target.get("commit") or "")
+    protections = state["protections"]
+    device = fs["device"]
+
+    # candidates
+    excluded = []
+    reuse = None
+    if entry is not None and target.get("commit") and listed_files:
+        reuse = (ms.repo_folder_name(entry["repo_id"]), {f["etag"] for f in listed_files})
+    if p["candidates"] is None:
+        items, excluded = dp.all_candidates(store, protections, device, reuse)
+        items = dp.order_lru(store, items)
+    else:
+        items = []
+        for text in p["candidates"]:
+            try:
+                item = dp.resolve_item(store, text, p["models"])
+            except dp.NotInStore as exc:
+                fail("candidate %s; remove it from candidates (nothing was changed)" % exc)
+            except dp.PlanError as exc:
+                fail("candidate %r: %s" % (text, exc))
+            guard = dp.protecting(item, protections)
+            if guard is not None and not (guard.rule == "served" and p["allow_served_purge"]
+                                          and item in state["served_items"]):
+                fail("candidate %r is protected: it is %s (rule: %s); remove it from candidates"
+                     % (text, guard.label, guard.rule))
+            lost = dp.reused_bytes(store, item, reuse)
+            if lost:
+                fail("candidate %r holds %s of blobs the target %r reuses: purging it means downloading "
+                     "them again; remove it from candidates" % (text, ms.human_bytes(lost), p["target"]))
+            if dp.item_device(store, item) != device:
+                fail("candidate %r is on another file system than the target: purging it frees no "
+                     "room; remove it from candidates" % text)
+            if item not in items:
+                items.append(item)
+    served_items = [i for i in state["served_items"] if i not in items]
+
+    # orphans
+    orphan_rows, reclaimable = [], []
+    busy_by_repo = {}
+    for orphan in store.orphans:
+        if orphan.folder not in busy_by_repo:
+            busy_by_repo[orphan.folder] = store_locks.busy_locks(
+                store_locks.lock_dir(store.cache_dir, orphan.folder))
+        lock = store_locks.lock_dir(store.cache_dir, orphan.folder) + "/" + orphan.etag + ".lock"
+        in_use = bool(busy_by_repo[orphan.folder]) or store_locks.probe(lock) is not False
+        orphan_rows.append({"path": orphan.path, "repo_id": store.repos[orphan.folder].repo_id,
+                            "bytes": orphan.bytes, "size": orphan.size,
+                            "state": "in_use" if in_use else "reclaimable"})
+        if not in_use and dp.item_device(store, ms.Item("repo", folder=orphan.folder)) == device:
+            reclaimable.append(orphan)
+    target_label = repr(p["target"] or "the target")
+    plan = dp.make_plan(
+        store, fs, needed_bytes=target["needed_bytes"], headroom_bytes=headroom, candidates=items,
+        orphans=reclaimable if p["clean_orphans"] else [], served_items=served_items,
+        served_label=state["served_label"], target_label=target_label,
+        allow_served_purge=p["allow_served_purge"], download_rate=rate, models=p["models"])
+    timings["plan_s"] = time.monotonic() - started
+    result = dict(
+        changed=False,
+        verdict=plan["verdict"],
+        fits=plan["verdict"] != "does_not_fit",
+        reason=plan["reason"],
+        summary=dp.summary_line(plan),
+        filesystem={k: fs[k] for k in ("path", "total_bytes", "free_bytes", "available_bytes", "block_size")},
+        target=target,
+        headroom_bytes=headroom,
+        required_bytes=plan["required_bytes"],
+        shortfall_bytes=plan["shortfall_bytes"],
+        orphans={"reclaimable_bytes": sum(o.bytes for o in reclaimable),
+                 "in_use_bytes": sum(r["bytes"] for r in orphan_rows if r["state"] == "in_use"),
+                 "files": orphan_rows},
+        candidates=plan["candidates"],
+        purge=plan["purge"],
+        purge_bytes=plan["purge_bytes"],
+        purge_orphans=plan["purge_orphans"],
+        protected=[pr.as_dict() for pr in protections],
+        excluded=excluded,
+        served=state["served"],
+        served_purge=plan["served_purge"],
+        downtime=plan["downtime"],
+        store={"cache_dir": store.cache_dir, "models_dir": store.models_dir, "repos": len(store.repos),
+               "revisions": sum(len(r.revisions) for r in store.repos.values()),
+               "dirs": len(store.dirs), "warnings": store.warnings[:20]},
+        timings={k: round(v, 4) for k, v in timings.items()},
+    )
+    for repo in store.repos.values():
+        for problem in repo.problems[:3]:
+            module.warn("disk_plan: cache repo %s: %s" % (repo.repo_id, problem))
+    if p["fail_on_does_not_fit"] and plan["verdict"] == "does_not_fit":
+        result.pop("changed")
+        module.fail_json(msg="disk_plan: %s does not fit on %s: %s" % (target_label, fs["path"], plan["reason"]),
+                         changed=False, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

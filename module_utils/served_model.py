@@ -1,0 +1,143 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""What a host serves now: its deployment record and the ExecStart of its vLLM unit.
+
+The deployment record (default /var/lib/modelswap/deployment.json, written by the vllm_service
+role) is ``{"model": name, "repo_id": ..., "commit": ..., "path": ..., "previous": {...}}``.
+The unit's ExecStart comes from ``systemctl show`` (``{ path=... ; argv[]=vllm serve X ... ; }``)
+or from the unit file's ``ExecStart=`` line. Either names the model by path or by repo id.
+
+Pure functions; the modules do the reading.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+
+class ServedError(Exception):
+    """A record or unit that exists but cannot be understood (message is final)."""
+
+
+RECORD_KEYS = ("model", "repo_id", "commit", "path")
+
+
+def read_deployment_record(path: str):
+    """The record as a dict, None when the file does not exist; ServedError when malformed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ServedError("cannot read the deployment record %s: %s" % (path, exc.strerror))
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ServedError("the deployment record %s is not valid JSON (%s); fix or remove it so "
+                          "the served model is known" % (path, exc))
+    if not isinstance(data, dict) or not any(data.get(k) for k in RECORD_KEYS):
+        raise ServedError("the deployment record %s names no model (expected keys %s)"
+                          % (path, ", ".join(RECORD_KEYS)))
+    return {k: data.get(k) for k in RECORD_KEYS}
+
+
+def parse_systemctl_show(text: str) -> dict:
+    """``Key=Value`` lines of ``systemctl show`` -> dict (values may contain '=')."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value
+    return out
+
+
+def exec_start_argv(value: str) -> list:
+    """argv of an ExecStart, from ``systemctl show`` form or a unit file line's value."""
+    value = value.strip()
+    if "argv[]=" in value:
+        argv = value.split("argv[]=", 1)[1]
+        argv = argv.split(" ; ", 1)[0]
+        return argv.split()
+    if not value:
+        return []
+    # unit-file syntax: optional prefixes @-:+! before the command
+    value = value.lstrip("@-:+!")
+    try:
+        return shlex.split(value)
+    except ValueError:
+        return value.split()
+
+
+def model_from_argv(argv: list):
+    """The model a vLLM command line serves (a path or a repo id), or None."""
+    model = None
+    for i, tok in enumerate(argv):
+        if tok == "--model" and i + 1 < len(argv):
+            model = argv[i + 1]
+        elif tok.startswith("--model="):
+            model = tok.split("=", 1)[1]
+    if model:
+        return model
+    for i, tok in enumerate(argv):
+        # `vllm serve MODEL` or `python -m vllm.entrypoints.cli.main serve MODEL`
+        if tok == "serve" and i > 0 and os.path.basename(argv[i - 1]).startswith("vllm"):
+            if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                return argv[i + 1]
+    return None
+
+
+def served_from_unit(show: dict):
+    """{"model", "active", "unit_state"} from parsed ``systemctl show`` output; None if no unit."""
+    if show.get("LoadState") not in ("loaded",):
+        return None
+    model = model_from_argv(exec_start_argv(show.get("ExecStart", "")))
+    return {
+        "model": model,
+        "active": show.get("ActiveState") in ("active", "activating", "reloading", "deactivating"),
+        "unit_state": show.get("ActiveState", "unknown"),
+    }
+
+
+def exec_start_from_unit_file(text: str) -> str:
+    """The last ``ExecStart=`` value of a unit file (continuation lines joined)."""
+    value = ""
+    joined = text.replace("\\\n", " ")
+    for line in joined.splitlines():
+        line = line.strip()
+        if line.startswith("ExecStart="):
+            value = line.split("=", 1)[1]
+    return value
+
+
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
+             "/lib/systemd/system", "/usr/lib/systemd/system")
+
+
+def read_unit(module, unit: str):
+    """What ``unit`` serves, via ``systemctl show``; the unit file when systemd is not running.
+
+    Returns served_from_unit()'s dict or None when the unit does not exist.
+    """
+    if not unit:
+        return None
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl:
+        rc, out, err = module.run_command(
+            [systemctl, "show", "--property=LoadState,ActiveState,ExecStart", "--", unit],
+            environ_update={"LANG": "C", "LC_ALL": "C"})
+        if rc == 0:
+            show = parse_systemctl_show(out)
+            if show.get("LoadState") == "loaded" or show.get("LoadState") == "not-found":
+                return served_from_unit(show)
+    for directory in UNIT_DIRS:
+        path = os.path.join(directory, unit)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        model = model_from_argv(exec_start_argv(exec_start_from_unit_file(text)))
+        return {"model": model, "active": None, "unit_state": "unknown (systemd not running)"}
+    return None

@@ -1,0 +1,100 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""What disk_plan and model_purge share on the host: options, the store, the served model.
+
+Thin glue between an AnsibleModule and the pure planners (model_store, disk_planning,
+served_model): validates the store folders, scans them, reads the deployment record and the
+vLLM unit, and builds the protections. Every failure goes through ``module.fail_json`` with a
+message that names the action, the object, the cause and the fix.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
+
+DEFAULT_RECORD = "/var/lib/modelswap/deployment.json"
+
+# Options both modules take (their DOCUMENTATION describes each).
+STORE_ARGS = dict(
+    cache_dir=dict(type="path"),
+    models_dir=dict(type="path"),
+    models=dict(type="dict", default={}),
+    target=dict(type="str"),
+    keep=dict(type="list", elements="str", default=[]),
+    served=dict(type="str"),
+    deployment_record=dict(type="path", default=DEFAULT_RECORD),
+    vllm_unit=dict(type="str", default="vllm.service"),
+    protect_paths=dict(type="list", elements="path", default=[]),
+    allow_served_purge=dict(type="bool", default=False),
+    scan_workers=dict(type="int", default=1),
+)
+
+
+def fs_info(path: str) -> dict:
+    st = os.statvfs(path)
+    return {
+        "path": path,
+        "total_bytes": st.f_blocks * st.f_frsize,
+        "free_bytes": st.f_bfree * st.f_frsize,
+        "available": st.f_bavail * st.f_frsize,
+        "available_bytes": st.f_bavail * st.f_frsize,
+        "block_size": st.f_frsize,
+        "device": os.stat(path).st_dev,
+    }
+
+
+def store_dirs(module, action: str):
+    """(cache_dir, models_dir) as real paths; fails when neither is given or one is not a folder."""
+    p = module.params
+    if not p["cache_dir"] and not p["models_dir"]:
+        module.fail_json(msg="%s needs a model store: set cache_dir (a Hugging Face hub cache) and/or "
+                             "models_dir (a folder of model directories)" % action)
+    out = []
+    for key in ("cache_dir", "models_dir"):
+        path = p[key]
+        if not path:
+            out.append("")
+            continue
+        if not os.path.exists(path):
+            module.fail_json(msg="%s: %s %s does not exist; create it or fix the path (nothing was "
+                                 "changed)" % (action, key, path))
+        if not os.path.isdir(path):
+            module.fail_json(msg="%s: %s %s is not a directory; point it at the store's folder "
+                                 "(nothing was changed)" % (action, key, path))
+        out.append(os.path.realpath(path))
+    return out[0], out[1]
+
+
+def scan(module, action: str):
+    cache_dir, models_dir = store_dirs(module, action)
+    started = time.monotonic()
+    try:
+        store = ms.scan_store(cache_dir, models_dir, workers=max(1, module.params["scan_workers"]))
+    except OSError as exc:
+        module.fail_json(msg="%s: cannot scan the model store (%s); check permissions" % (action, exc))
+    return store, time.monotonic() - started
+
+
+def host_state(module, store, action: str, target_commit: str = "") -> dict:
+    """build_protections() from the module's options, the deployment record and the vLLM unit."""
+    p = module.params
+    try:
+        record = sm.read_deployment_record(p["deployment_record"]) if p["deployment_record"] else None
+    except sm.ServedError as exc:
+        module.fail_json(msg="%s: %s" % (action, exc))
+    unit = sm.read_unit(module, p["vllm_unit"])
+    try:
+        state = dp.build_protections(
+            store, models=p["models"], target=p["target"], target_commit=target_commit,
+            keep=p["keep"], served=p["served"], record=record, record_path=p["deployment_record"],
+            unit=unit, unit_name=p["vllm_unit"], protect_paths=p["protect_paths"])
+    except dp.PlanError as exc:
+        module.fail_json(msg="%s: %s (nothing was changed)" % (action, exc))
+    if not state["served"]["sources"]:
+        module.warn("%s: the served model is unknown (no deployment record at %s, no model in unit "
+                    "%s): nothing is protected as served" % (action, p["deployment_record"], p["vllm_unit"]))
+    return state

@@ -1,0 +1,305 @@
+"""disk_planning: the verdict, the purge proposal and the inputs, table-driven on real cache layouts."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from huggingface_hub.utils import filter_repo_objects
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from tests.support import synthetic_cache as sc
+
+pytestmark = pytest.mark.unit
+
+KB = 1024
+V1, V2, S, K, T1 = "1" * 40, "2" * 40, "5" * 40, "6" * 40, "7" * 40
+WEIGHTS = b"W" * (400 * KB)
+OLD_V1 = {"config.json": b'{"v":1}', "model.safetensors": WEIGHTS}
+OLD_V2 = {"config.json": b'{"v":2}', "model.safetensors": WEIGHTS}      # shares the weights
+SERVED = {"config.json": b"{}", "model.safetensors": b"S" * (800 * KB)}
+KEEP = {"config.json": b"{}", "model.safetensors": b"K" * (100 * KB)}
+TARGET_V1 = {"config.json": b'{"t":1}', "shard-1.safetensors": b"A" * (300 * KB)}
+MODELS = {
+    "old-1": {"repo_id": "org/old", "revision": V1},
+    "old-2": {"repo_id": "org/old", "revision": V2},
+    "served": {"repo_id": "org/served", "revision": S},
+    "keeper": {"repo_id": "org/keep", "revision": K},
+    "target": {"repo_id": "org/target", "revision": "9" * 40},
+}
+# the target at its pinned commit: shard-1 already cached (from v1), shard-2 new
+TARGET_FILES = [
+    {"path": "config.json", "size": 7, "etag": sc.etag_for("config.json", b'{"t":1}')},
+    {"path": "shard-1.safetensors", "size": 300 * KB, "etag": sc.etag_for("shard-1.safetensors", b"A" * (300 * KB))},
+    {"path": "shard-2.safetensors", "size": 500 * KB, "etag": "b" * 64},
+]
+
+
+@pytest.fixture
+def store(tmp_path):
+    cache, models = tmp_path / "hub", tmp_path / "models"
+    sc.add_revision(cache, "org/old", V1, OLD_V1, refs=())
+    sc.add_revision(cache, "org/old", V2, OLD_V2)
+    sc.add_revision(cache, "org/served", S, SERVED)
+    sc.add_revision(cache, "org/keep", K, KEEP)
+    sc.add_revision(cache, "org/target", T1, TARGET_V1)
+    sc.add_orphan(cache, "org/old", "c" * 64, 200 * KB)
+    sc.make_plain_dir(models, "scratch", {"w.bin": b"D" * (250 * KB)})
+    now = time.time()
+    for repo_id, age in (("org/old", 900), ("org/keep", 500), ("org/served", 10), ("org/target", 5)):
+        sc.set_last_used(cache, repo_id, now - age)
+    for p in (models / "scratch").rglob("*"):
+        os.utime(p, (now - 700, now - 700))
+    return ms.scan_store(str(cache), str(models))
+
+
+def protections(store, **kw):
+    return dp.build_protections(store, models=MODELS, target="target", keep=["keeper"],
+                                served="served", **kw)
+
+
+def orphans_of(store):
+    return store.orphans
+
+
+def item_bytes(store, *items):
+    sim = ms.DeletionSimulator(store)
+    return [sim.apply(i).bytes for i in items]
+
+
+def test_target_needs_only_what_is_not_cached(store):
+    needs = dp.target_needs(store, "org/target", "9" * 40, TARGET_FILES, 4096)
+    assert needs["cached_bytes"] == 7 + 300 * KB
+    assert needs["download_bytes"] == 500 * KB and needs["missing_files"] == 1
+    # new blocks rounded up + one link block per file of the new snapshot
+    assert needs["needed_bytes"] == ms.round_up(500 * KB, 4096) + 3 * 4096
+    nothing = dp.target_needs(store, "org/absent", "9" * 40, TARGET_FILES, 4096)
+    assert nothing["cached_bytes"] == 0 and nothing["missing_files"] == 3
+    dup = dp.target_needs(store, "org/absent", "", TARGET_FILES + [dict(TARGET_FILES[2], path="copy")], 4096)
+    assert dup["missing_files"] == 3 and dup["download_bytes"] == 7 + 300 * KB + 500 * KB
+
+
+def test_candidates_skip_protected_and_order_lru(store):
+    state = protections(store)
+    items, excluded = dp.all_candidates(store, state["protections"])
+    ordered = [i.ident for i in dp.order_lru(store, items)]
+    assert ordered[0] == "org/old" and ordered[1].endswith("/models/scratch")
+    assert ordered[2] == "org/target@" + T1      # not the pinned target commit
+    why = {e["item"]: e["why"] for e in excluded}
+    assert "served model 'served'" in why["org/served@" + S]
+    assert "keep list" in why["org/keep@" + K]
+    # the target's cached v1 holds the shard it reuses: excluded when the planner knows the files
+    reuse = ("models--org--target", {f["etag"] for f in TARGET_FILES})
+    items2, excluded2 = dp.all_candidates(store, state["protections"], reuse=reuse)
+    assert "org/target@" + T1 not in [i.ident for i in items2]
+    assert any("reuses" in e["why"] for e in excluded2)
+
+
+def _items(store, *texts):
+    return [dp.resolve_item(store, t, MODELS) for t in texts]
+
+
+# (case, available bytes, needed, headroom, candidate texts, with orphans, allow served,
+#  expected verdict, expected purge, extra check)
+PLANS = [
+    ("fits", 10 ** 9, 100 * KB, 0, ["org/old"], True, False, "fits", [], None),
+    ("orphans-alone-suffice", 50 * KB, 200 * KB, 0, ["org/old"], True, False,
+     "fits_after_purge", [], lambda r: r["purge_orphans"] and r["purge_bytes"] == r["orphan_bytes"]),
+    ("shared-blobs-counted-once", 0, 450 * KB, 0, ["old-1", "old-2"], False, False,
+     "fits_after_purge", ["org/old@" + V1, "org/old@" + V2],
+     lambda r: r["candidates"][0]["bytes"] < 64 * KB and r["candidates"][1]["size"] >= 400 * KB),
+    ("minimal-prefix-lru", 0, 300 * KB, 0, None, False, False, "fits_after_purge", ["org/old"], None),
+    ("operator-order", 0, 300 * KB, 0, ["scratch", "org/old"], False, False,
+     "fits_after_purge", ["{scratch}", "org/old"], None),
+    ("nothing-fits", 0, 10 ** 9, 0, ["org/old"], True, False, "does_not_fit", [],
+     lambda r: r["shortfall_bytes"] == 10 ** 9 - r["orphan_bytes"] - r["candidates_bytes"]
+     and r["served_purge"] is None),
+    ("only-served-would-make-room", 0, 1200 * KB, 0, ["org/old"], True, False, "does_not_fit", [],
+     lambda r: r["served_purge"]["would_fit"] and "serving stops" in r["served_purge"]["downtime"]
+     and r["downtime"] is False),
+    ("served-purge-allowed", 0, 1200 * KB, 0, ["org/old"], True, True, "fits_after_purge",
+     ["org/old", "org/served@" + S], lambda r: r["downtime"] is True),
+    ("headroom-counts", 500 * KB, 100 * KB, 450 * KB, ["org/old"], False, False,
+     "fits_after_purge", ["org/old"], lambda r: r["required_bytes"] == 550 * KB),
+]
+
+
+@pytest.mark.parametrize("available,needed,headroom,cands,with_orphans,allow,verdict,purge,extra",
+                         [p[1:] for p in PLANS], ids=[p[0] for p in PLANS])
+def test_plan(store, available, needed, headroom, cands, with_orphans, allow, verdict, purge, extra):
+    state = protections(store)
+    if cands is None:
+        items = dp.order_lru(store, dp.all_candidates(store, state["protections"])[0])
+    else:
+        items = _items(store, *cands)
+    fs = {"available": available, "block_size": 4096}
+    result = dp.make_plan(store, fs, needed_bytes=needed, headroom_bytes=headroom, candidates=items,
+                          orphans=orphans_of(store) if with_orphans else [],
+                          served_items=state["served_items"], served_label=state["served_label"],
+                          target_label="'target'", allow_served_purge=allow, download_rate=10 * 1024 ** 2)
+    assert result["verdict"] == verdict, result["reason"]
+    scratch = store.dirs["scratch"].path
+    assert result["purge"] == [p.format(scratch=scratch) for p in purge]
+    # the cumulative column is the running sum: shared blobs are counted once
+    running = result["orphan_bytes"]
+    for row in result["candidates"]:
+        running += row["bytes"]
+        assert row["cumulative_bytes"] == running
+    if extra:
+        assert extra(result), result
+    assert dp.summary_line(result).endswith(("fits", "fits_after_purge", ")", "room (downtime)"))
+
+
+def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
+    state = protections(store)
+    items = dp.order_lru(store, dp.all_candidates(store, state["protections"])[0])
+    plan = dp.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0,
+                        candidates=items, orphans=orphans_of(store))
+    sim = ms.DeletionSimulator(store)
+    total = sum(sim.apply(ms.Item("orphan", folder=o.folder, path=o.path)).bytes for o in store.orphans)
+    total += sum(sim.apply(i).bytes for i in items)
+    assert plan["orphan_bytes"] + plan["candidates_bytes"] == total
+
+
+# ---------------------------------------------------------------------------------- inputs
+@pytest.mark.parametrize("text,expected", [
+    ("0", 0), ("1048576", 1048576), ("10K", 10240), ("10KiB", 10240), ("10kB", 10000),
+    ("1.5G", int(1.5 * 1024 ** 3)), ("2GB", 2 * 1000 ** 3), ("1T", 1024 ** 4), (4096, 4096),
+])
+def test_parse_bytes(text, expected):
+    assert dp.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text,words", [
+    ("-1", "negative"), ("-5G", "negative"), ("lots", "not a size"), ("5 parsecs", "not a size"),
+    (True, "not a size"),
+])
+def test_parse_bytes_errors(text, words):
+    with pytest.raises(dp.PlanError, match=words):
+        dp.parse_bytes(text)
+
+
+@pytest.mark.parametrize("text,total,expected", [
+    ("5%", 1000, 50), ("0%", 1000, 0), ("100%", 1000, 1000), ("12.5%", 800, 100), ("1K", 10, 1024),
+])
+def test_parse_headroom(text, total, expected):
+    assert dp.parse_headroom(text, total) == expected
+
+
+@pytest.mark.parametrize("text,words", [("-5%", "negative"), ("101%", "over 100"), ("x%", "percentage"),
+                                        ("-1G", "negative")])
+def test_parse_headroom_errors(text, words):
+    with pytest.raises(dp.PlanError, match=words):
+        dp.parse_headroom(text, 1000)
+
+
+PATHS = ["config.json", "model-00001.safetensors", "sub/dir/x.bin", ".gitattributes", "original/consolidated.pth",
+         "tokenizer.json", "a\\b.txt"]
+
+
+@pytest.mark.parametrize("allow,ignore", [
+    (None, None), (["*.safetensors"], None), (None, ["original/*"]), (["*.json", "sub/"], ["token*"]),
+    ("*.json", None), (["nothing*"], None), (None, ["*"]),
+])
+def test_filter_paths_matches_huggingface_hub(allow, ignore):
+    expected = list(filter_repo_objects(PATHS, allow_patterns=allow, ignore_patterns=ignore))
+    assert dp.filter_paths(PATHS, allow, ignore) == expected
+
+
+@pytest.mark.parametrize("name,models,words", [
+    ("nope", MODELS, "unknown model name 'nope' (target): the catalog has keeper, old-1"),
+    ("x", {}, "empty"),
+    ("x", {"x": {"revision": "main"}}, "has no repo_id"),
+    ("x", {"x": {"repo_id": "a/b/c"}}, "malformed"),
+    ("x", {"x": {"repo_id": "a/b", "revision": ""}}, "revision must be"),
+    ("x", {"x": {"repo_id": "a/b", "allow_patterns": "*.json"}}, "list of glob"),
+    ("x", {"x": "a/b"}, "not a mapping"),
+])
+def test_catalog_errors(name, models, words):
+    with pytest.raises(dp.PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        dp.catalog_entry(models, name, "target")
+
+
+def test_catalog_entry_defaults():
+    e = dp.catalog_entry({"m": {"repo_id": "a/b"}}, "m", "target")
+    assert e == {"name": "m", "repo_id": "a/b", "revision": "main", "allow_patterns": None,
+                 "ignore_patterns": None}
+
+
+@pytest.mark.parametrize("text,kind,ident", [
+    ("org/old", "repo", "org/old"),
+    ("org/old@" + V1, "revision", "org/old@" + V1),
+    ("org/old@main", "revision", "org/old@" + V2),
+    ("old-1", "revision", "org/old@" + V1),
+    ("model:org/old", "repo", "org/old"),
+    ("scratch", "dir", "{models}/scratch"),
+    ("{cache}/models--org--old", "repo", "org/old"),
+    ("{cache}/models--org--old/snapshots/" + V2, "revision", "org/old@" + V2),
+    ("{models}/scratch", "dir", "{models}/scratch"),
+])
+def test_resolve_item(store, text, kind, ident):
+    fmt = {"cache": store.cache_dir, "models": store.models_dir}
+    item = dp.resolve_item(store, text.format(**fmt), MODELS)
+    assert item.kind == kind and item.ident == ident.format(**fmt)
+
+
+@pytest.mark.parametrize("text,error,words", [
+    ("org/absent", dp.NotInStore, "not in the model store"),
+    ("org/old@" + "f" * 40, dp.NotInStore, "not cached"),
+    ("target", dp.NotInStore, "not in the cache"),
+    ("org/na me", dp.PlanError, "malformed"),
+    ("a/b/c", dp.PlanError, "malformed"),
+    ("org/old@bad ref!", dp.PlanError, "neither a commit"),
+    ("{cache}/models--org--old/blobs", dp.PlanError, "not a purgeable item"),
+    ("{models}/scratch/w.bin", dp.PlanError, "only whole model directories"),
+    ("/etc", dp.PlanError, "outside the model store"),
+    ("", dp.PlanError, "empty"),
+])
+def test_resolve_item_errors(store, text, error, words):
+    fmt = {"cache": store.cache_dir, "models": store.models_dir}
+    with pytest.raises(error, match=words):
+        dp.resolve_item(store, text.format(**fmt), MODELS)
+
+
+def test_ambiguous_item(store, tmp_path):
+    sc.add_revision(tmp_path / "hub", "scratch", V1, {"a": b"1"})
+    store2 = ms.scan_store(store.cache_dir, store.models_dir)
+    with pytest.raises(dp.PlanError, match="ambiguous"):
+        dp.resolve_item(store2, "scratch", MODELS)
+
+
+def test_served_from_record_path_and_unit(store):
+    snap = store.repo("org/old").revisions[V2].path
+    record = {"model": "old-2", "repo_id": None, "commit": None, "path": snap + "/"}
+    state = dp.build_protections(store, models=MODELS, record=record, record_path="/r.json",
+                                 unit={"model": "org/keep", "active": True, "unit_state": "active"},
+                                 unit_name="vllm.service")
+    prot = state["protections"]
+    old_v2 = dp.resolve_item(store, "org/old@" + V2, MODELS)
+    old_v1 = dp.resolve_item(store, "org/old@" + V1, MODELS)
+    keep_repo = dp.resolve_item(store, "org/keep", MODELS)
+    assert "deployment record /r.json" in dp.protecting(old_v2, prot).label
+    assert dp.protecting(old_v1, prot) is None                     # another revision may go
+    assert "unit vllm.service" in dp.protecting(keep_repo, prot).label   # a repo id: every revision
+    assert state["served"]["sources"] == ["deployment_record", "unit"]
+    assert state["served"]["unit_active"] is True
+    assert [i.ident for i in state["served_items"]] == ["org/old@" + V2, "org/keep"]
+
+
+def test_served_model_that_is_also_kept_is_not_a_served_purge_item(store):
+    state = dp.build_protections(store, models=MODELS, served="keeper", keep=["keeper"])
+    assert state["served_items"] == []
+
+
+def test_plain_dir_protected_by_a_path_inside_it(store):
+    d = dp.resolve_item(store, "scratch", MODELS)
+    state = dp.build_protections(store, protect_paths=[store.dirs["scratch"].path + "/w.bin"])
+    assert dp.protecting(d, state["protections"]).rule == "path"
+
+
+def test_branch_revision_protected_through_the_cached_ref(store):
+    p = dp.protect_model(store, "org/old", "main", "keep", "kept")
+    assert p.commit == V2
+    unresolved = dp.protect_model(store, "org/old", "dev", "keep", "kept")
+    assert unresolved.commit == ""   # every revision: the branch cannot be pinned from the cache

@@ -1,0 +1,116 @@
+"""served_model (deployment record, vLLM ExecStart) and store_locks (download locks, real filelock)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from filelock import FileLock
+from huggingface_hub.utils import WeakFileLock
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
+from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
+
+pytestmark = pytest.mark.unit
+
+SNAP = "/data/hf/hub/models--org--m/snapshots/" + "a" * 40
+
+
+@pytest.mark.parametrize("value,model", [
+    ("{ path=/opt/vllm/bin/vllm ; argv[]=/opt/vllm/bin/vllm serve %s --port 8000 --tensor-parallel-size 8 ; "
+     "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }" % SNAP, SNAP),
+    ("/opt/vllm/bin/vllm serve %s --served-model-name m" % SNAP, SNAP),
+    ("-/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model org/m --port 8000", "org/m"),
+    ("/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model=%s" % SNAP, SNAP),
+    ("/opt/vllm/bin/python -m vllm.entrypoints.cli.main serve org/m", "org/m"),
+    ("vllm serve --help", None),
+    ("/usr/bin/sleep 100", None),
+    ("", None),
+])
+def test_model_from_exec_start(value, model):
+    assert sm.model_from_argv(sm.exec_start_argv(value)) == model
+
+
+def test_unit_file_exec_start_with_continuation():
+    text = "[Service]\nExecStartPre=/bin/true\nExecStart=/opt/vllm/bin/vllm serve \\\n  /models/m \\\n  --port 1\n"
+    assert sm.model_from_argv(sm.exec_start_argv(sm.exec_start_from_unit_file(text))) == "/models/m"
+
+
+@pytest.mark.parametrize("show,expected", [
+    ("LoadState=loaded\nActiveState=active\nExecStart={ path=/v ; argv[]=/v/vllm serve /m ; }\n",
+     {"model": "/m", "active": True, "unit_state": "active"}),
+    ("LoadState=loaded\nActiveState=inactive\nExecStart=\n", {"model": None, "active": False, "unit_state": "inactive"}),
+    ("LoadState=not-found\nActiveState=inactive\nExecStart=\n", None),
+])
+def test_served_from_unit(show, expected):
+    assert sm.served_from_unit(sm.parse_systemctl_show(show)) == expected
+
+
+def test_deployment_record(tmp_path):
+    path = tmp_path / "deployment.json"
+    assert sm.read_deployment_record(str(path)) is None
+    path.write_text(json.dumps({"model": "m", "repo_id": "org/m", "commit": "a" * 40, "path": SNAP,
+                                "previous": {"model": "old"}}))
+    assert sm.read_deployment_record(str(path)) == {"model": "m", "repo_id": "org/m", "commit": "a" * 40,
+                                                    "path": SNAP}
+    path.write_text("{broken")
+    with pytest.raises(sm.ServedError, match="not valid JSON"):
+        sm.read_deployment_record(str(path))
+    path.write_text("{}")
+    with pytest.raises(sm.ServedError, match="names no model"):
+        sm.read_deployment_record(str(path))
+
+
+# ------------------------------------------------------------------------------------ locks
+@pytest.fixture
+def lockdir(tmp_path):
+    d = tmp_path / ".locks" / "models--org--m"
+    d.mkdir(parents=True)
+    return d
+
+
+@pytest.mark.parametrize("holder", ["filelock", "hf_weak"])
+def test_probe_sees_a_held_download_lock(lockdir, holder):
+    path = str(lockdir / ("e" * 64 + ".lock"))
+    ctx = FileLock(path) if holder == "filelock" else WeakFileLock(path)
+    with ctx:
+        assert sl.probe(path) is True
+        assert sl.busy_locks(str(lockdir)) == [path]
+        with sl.LockSet(str(lockdir)) as locks:
+            assert locks.acquire_all() == [path]
+            assert locks.held == {}
+    assert sl.probe(path) is False
+    assert sl.busy_locks(str(lockdir)) == []
+
+
+def test_probe_of_a_missing_lock_is_free_and_creates_nothing(lockdir):
+    assert sl.probe(str(lockdir / "nope.lock")) is False
+    assert list(lockdir.iterdir()) == []
+
+
+def test_lockset_holds_out_a_downloader_and_removes_stale_files(lockdir):
+    """While we hold the repo's locks a downloader waits; unlinking while holding is safe."""
+    path = lockdir / ("f" * 64 + ".lock")
+    path.touch()
+    locks = sl.LockSet(str(lockdir))
+    assert locks.acquire_all() == []
+    assert locks.acquire("new.lock") is True                 # created and held
+    code = ("import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
+            "print('trying', flush=True); t = time.time(); l.acquire(timeout=60); "
+            "print(round(time.time() - t, 2), flush=True); l.release()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "trying"
+        time.sleep(0.5)
+        assert proc.poll() is None, "the downloader got a lock we hold"
+        assert sorted(os.path.basename(p) for p in locks.remove_held()) == ["f" * 64 + ".lock", "new.lock"]
+        locks.release()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0 and float(out) >= 0.5        # it waited, then got a fresh lock
