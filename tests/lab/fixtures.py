@@ -6,45 +6,18 @@ that skip into a failure.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.runner import RunResult, run_playbook
 from tests.lab import labctl
 
 REPO = labctl.REPO
-# ansible-runner starts `ansible-playbook` by name: the one beside this interpreter (the venv's).
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
-
-@dataclass
-class PlaybookResult:
-    rc: int
-    status: str
-    stats: dict
-    events: list
-    stdout: str
-
-    def task_results(self, task_name: str, host: str | None = None) -> list[dict]:
-        """Module results of a task (by name) from the runner's events, optionally for one host."""
-        found = []
-        for ev in self.events:
-            data = ev.get("event_data", {})
-            if ev.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_skipped") \
-                    and data.get("task") == task_name and (host is None or data.get("host") == host):
-                found.append(dict(data.get("res", {}), _event=ev["event"], _host=data.get("host")))
-        return found
-
-    def changed(self, host: str) -> int:
-        return self.stats.get("changed", {}).get(host, 0)
-
-    def failed(self, host: str) -> int:
-        return self.stats.get("failures", {}).get(host, 0)
+# Tests drive playbooks through the same ansible-runner interface that programs use.
+PlaybookResult = RunResult
 
 
 class Lab:
@@ -76,27 +49,10 @@ class Lab:
 
     def playbook(self, path: str | Path, extra_vars: dict | None = None, *, check: bool = False,
                  diff: bool = False, limit: str | None = None, tags: str | None = None,
-                 inventory: str | Path | None = None, timeout: int = 1800) -> PlaybookResult:
-        import ansible_runner
-
-        cmdline = []
-        if check:
-            cmdline.append("--check")
-        if diff:
-            cmdline.append("--diff")
-        with tempfile.TemporaryDirectory(prefix="modelswap-runner-") as pdd:
-            run = ansible_runner.run(
-                private_data_dir=pdd, project_dir=str(REPO),
-                playbook=str(Path(path) if Path(path).is_absolute() else REPO / path),
-                inventory=str(inventory or self.inventory), extravars=extra_vars or {},
-                limit=limit, tags=tags, cmdline=" ".join(cmdline) or None, quiet=True,
-                # ansible-runner turns host key checking off unless told: keep ansible.cfg's.
-                envvars={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                         "ANSIBLE_HOST_KEY_CHECKING": "True"},
-                timeout=timeout)
-            # The artifacts live in the temporary folder: read everything before it goes.
-            return PlaybookResult(rc=run.rc, status=run.status, stats=run.stats or {},
-                                  events=list(run.events), stdout=run.stdout.read())
+                 inventory: str | Path | None = None, timeout: int = 1800) -> RunResult:
+        return run_playbook(str(Path(path) if Path(path).is_absolute() else REPO / path),
+                            str(inventory or self.inventory), extra_vars, check=check, diff=diff,
+                            limit=limit, tags=tags, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
