@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LABCTL := $(BIN)/python -m tests.lab.labctl
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: help venv deps lab-up lab-down lab-status lint unit test-unit test-lab test demo collection clean
+.PHONY: help venv deps lab-up lab-down lab-status lint unit test-unit test-lab test demo collection ee-context clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,11 +42,12 @@ lab-down: venv ## stop and remove the lab (keeps the download caches)
 lab-status: venv ## show the lab's hosts and services
 	$(LABCTL) status
 
-lint: venv ## ansible-lint (production profile) and ansible-doc of every module
+lint: venv ## ansible-lint (production profile), ansible-doc of every module, ansible-test sanity
 	$(BIN)/ansible-lint --profile production --nocolor
 	@for m in library/*.py; do n=$$(basename $$m .py); \
 	  $(BIN)/ansible-doc -t module modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: $$n"; exit 1; }; \
 	  echo "ansible-doc ok: modelswap.vllm.$$n"; done
+	tests/sanity/run.sh
 
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
 	$(PYTEST) -m "unit or hub" -q
@@ -62,6 +63,12 @@ test: venv deps ## everything: lint, unit, hub, lab (what CI runs)
 collection: venv ## build the modelswap.vllm collection tarball into build/
 	mkdir -p build
 	$(BIN)/ansible-galaxy collection build --force --output-path build .
+
+ee-context: collection ## execution environment build context (ansible-builder) in build/ee/context
+	mkdir -p build/ee
+	cp build/modelswap-vllm-$$(awk '/^version:/ {print $$2}' galaxy.yml).tar.gz build/ee/modelswap-vllm.tar.gz
+	$(BIN)/ansible-builder create -f execution-environment.yml --context build/ee/context --output-filename Containerfile
+	@echo "build the image where a container runtime runs: podman build -t modelswap-ee build/ee/context"
 
 demo: lab-up ## the main job on the lab (see README)
 	$(BIN)/ansible-playbook -i inventory/lab tests/lab/playbooks/lab_serve.yml

@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -148,7 +150,7 @@ notes:
 seealso:
   - module: modelswap.vllm.model_purge
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""

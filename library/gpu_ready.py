@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -146,15 +148,19 @@ options:
     default: []
 attributes:
   check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Reading, judging and waiting run as usual (they change nothing); /dev/shm files that
         would be removed are listed in RV(shm.removed) and none is removed.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details:
       - Shows the /dev/shm leftovers before and after the cleanup.
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
 notes:
   - Run it with C(become=true) - reading other users' C(/proc/PID/fd) and removing their files
@@ -172,7 +178,7 @@ seealso:
     description: The fraction of GPU memory vLLM claims; start-up fails when less is free.
     link: https://docs.vllm.ai/en/latest/configuration/engine_args.html
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""

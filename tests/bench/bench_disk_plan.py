@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: disk_plan's planning time on a big synthetic Hugging Face cache, side by side with
 huggingface_hub.scan_cache_dir() alone, in the same run.
 

@@ -91,7 +91,8 @@ class PurgeLab:
                f"HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 NO_PROXY='*'")
         out = sh(lab, host, f"{env} {VENV}/bin/python -c {shlex.quote(DOWNLOAD)} {args}").stdout.split()
         snaps = dict(zip(order, out))
-        sh(lab, host, f"printf %s {shlex.quote(json.dumps({'model': 'served', 'repo_id': 'purgetest/served', 'commit': self.commits['served'], 'path': snaps['served']}))} > {RECORD}")
+        record = {"model": "served", "repo_id": "purgetest/served", "commit": self.commits["served"], "path": snaps["served"]}
+        sh(lab, host, f"printf %s {shlex.quote(json.dumps(record))} > {RECORD}")
         sh(lab, host, f"printf '#!/bin/sh\\nexec sleep infinity\\n' > {BASE}/bin/vllm && chmod 0755 {BASE}/bin/vllm")
         unit = (f"[Unit]\nDescription=modelswap purge test stand-in for vLLM\n[Service]\n"
                 f"ExecStart={BASE}/bin/vllm serve {snaps['unit']} --port 18099\n")

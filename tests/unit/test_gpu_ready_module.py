@@ -151,8 +151,8 @@ def test_all_free_with_the_fake(tmp_path):
 
 
 def test_foreign_process_fails_naming_pid_and_cmdline(tmp_path, sleeper):
-    scenario = {"devices": [gpu(0), gpu(1, used=40 * GIB,
-                                       processes=[{"pid": sleeper.pid, "used": 39 * GIB}])]}
+    busy = gpu(1, used=40 * GIB, processes=[{"pid": sleeper.pid, "used": 39 * GIB}])
+    scenario = {"devices": [gpu(0), busy]}
     result = run_fake(tmp_path, scenario, {"gpu_memory_utilization": 0.9})
     assert result["failed"] is True and result["ready"] is False
     assert result["msg"].startswith("GPU readiness check failed on GPU(s) 1: ")

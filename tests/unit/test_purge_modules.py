@@ -87,8 +87,8 @@ class World:
         served = self.download("lab/served", self.commits["served"])
         self.download("lab/keep", self.commits["keep"])
         self.download("lab/target", self.commits["target-v1"])
-        sc.make_plain_dir(self.models_dir, "finetune", {"weights.bin": blob(7, 100 * KB),
-                                                         "config.json": b"{}"})
+        sc.make_plain_dir(self.models_dir, "finetune",
+                          {"weights.bin": blob(7, 100 * KB), "config.json": b"{}"})
         self.record.write_text(json.dumps({"model": "served", "repo_id": "lab/served",
                                            "commit": self.commits["served"], "path": str(served)}))
         # LRU order: old oldest, then the plain dir, then keep and served

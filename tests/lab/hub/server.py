@@ -601,6 +601,7 @@ class HubHandler(BaseHTTPRequestHandler):
         self._repo(repo_id)
         self._check_auth()
         refs = self.server.store.refs(repo_id)
+
         def listing(kind):
             return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": c} for n, c in sorted(refs[kind].items())]
 
