@@ -1,0 +1,168 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0 (see galaxy.yml)
+"""Filters that turn the roles' results into the migration's plan (the preview) and run record.
+
+Pure functions over plain dicts, so they are unit-tested without a host
+(tests/unit/test_migrate_filters.py). Each role publishes its result as a fact: preflight_plan,
+model_purge_result, model_fetch_result, vllm_service_result, benchmark_result.
+"""
+from __future__ import annotations
+
+RECORD_SCHEMA = 1
+
+
+def human_bytes(value) -> str:
+    """1536 -> '1.5 KiB' (binary units, what df -h prints)."""
+    try:
+        size = float(value)
+    except (TypeError, ValueError):
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return "?"
+
+
+def human_seconds(value) -> str:
+    try:
+        secs = float(value)
+    except (TypeError, ValueError):
+        return "?"
+    if secs < 90:
+        return f"{secs:.0f} s"
+    if secs < 5400:
+        return f"{secs / 60:.0f} min"
+    return f"{secs / 3600:.1f} h"
+
+
+def _get(data, *path, default=None):
+    for key in path:
+        if not isinstance(data, dict) or key not in data or data[key] is None:
+            return default
+        data = data[key]
+    return data
+
+
+def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict | None,
+                 service: dict | None, benchmark: dict | None = None,
+                 failure: dict | None = None, download_rate: float = 0) -> dict:
+    """The seed's todo list for one host, each step with what it would do and its numbers.
+
+    plan: preflight's disk_plan result; purge: model_purge's result (check mode: what would go);
+    fetch: hf_snapshot's result (check mode: would_fetch); service: vllm_service_result;
+    benchmark: {"enabled": bool, "concurrency": [...]}; failure: {"step", "msg"} when a step
+    failed; download_rate: bytes/s used to estimate the download time (0 = unknown).
+    """
+    steps = []
+    fs = _get(plan, "filesystem", default={}) or {}
+    free = _get(fs, "available_bytes")
+    purge_bytes = _get(purge, "planned_bytes", default=_get(plan, "purge_bytes", default=0)) or 0
+    removed = _get(purge, "removed", default=None)
+    if removed is None:
+        removed = _get(plan, "purge", default=[]) or []
+    download = _get(fetch, "would_fetch", "bytes")
+    if download is None:
+        download = _get(fetch, "bytes_downloaded", default=_get(plan, "target", "download_bytes", default=0))
+    files = _get(fetch, "would_fetch", "files")
+    nfiles = len(files) if isinstance(files, list) else _get(fetch, "files_downloaded",
+                                                                 default=_get(plan, "target", "missing_files"))
+    needed = _get(plan, "target", "needed_bytes", default=download) or 0
+
+    disk = {"free_before": free, "purge_bytes": purge_bytes, "download_bytes": download,
+            "free_after": (free + purge_bytes - needed) if isinstance(free, int) else None,
+            "verdict": _get(plan, "verdict")}
+    steps.append({"step": "preflight", "title": "Check disk space and plan cleanup",
+                  "text": (f"free {human_bytes(free)}; needs {human_bytes(needed)}; verdict "
+                           f"{disk['verdict']}" if plan else "not reached"), **disk})
+    steps.append({
+        "step": "purge", "title": "Delete what the plan frees",
+        "items": [{"name": i.get("name") or i.get("repo_id") or i.get("path"),
+                   "revision": i.get("revision") or i.get("commit"),
+                   "bytes": i.get("bytes", i.get("frees_bytes"))} for i in removed if isinstance(i, dict)],
+        "bytes": purge_bytes,
+        "text": (f"delete {len(removed)} item(s), freeing {human_bytes(purge_bytes)}"
+                 if removed else "nothing to delete")})
+    eta = (download / download_rate) if download and download_rate else None
+    steps.append({
+        "step": "fetch", "title": f"Download and verify {target}",
+        "commit": _get(fetch, "commit") or _get(plan, "target", "commit"),
+        "files": nfiles, "bytes": download, "eta_s": eta,
+        "text": (f"download {nfiles} file(s), {human_bytes(download)}"
+                 + (f", about {human_seconds(eta)} at {human_bytes(download_rate)}/s" if eta else "")
+                 if download else "already downloaded and verified")})
+    would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
+    old = _get(service, "replaced_model") or _get(plan, "served", "name")
+    steps.append({
+        "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
+        "would_swap": would_swap, "stop": old if would_swap else None, "start": target if would_swap else None,
+        "unit": _get(service, "unit"),
+        "text": (f"stop {old or 'nothing'} ({_get(service, 'unit')}), start {target}; serving "
+                 "stops until the new model is ready" if would_swap
+                 else f"{target} already serves with this configuration: no restart")})
+    bench_on = bool(_get(benchmark, "enabled")) and would_swap
+    ladder = _get(benchmark, "concurrency", default=[])
+    steps.append({"step": "benchmark", "title": "Benchmark at rising concurrency",
+                  "enabled": bench_on, "concurrency": ladder,
+                  "text": (f"Locust ladder C={','.join(str(c) for c in ladder)}" if bench_on
+                           else "skipped")})
+    if failure:
+        for step in steps:
+            if step["step"] == failure.get("step"):
+                step["failed"] = failure.get("msg")
+    return {"target": target, "steps": steps, "ready": not failure, "changes": bool(removed or download or would_swap),
+            "failure": failure}
+
+
+def plan_lines(plan: dict, host: str) -> list[str]:
+    """The plan as the numbered todo list an operator reads."""
+    lines = [f"{host}: migrate to {plan.get('target')}"
+             + ("" if plan.get("ready") else f" - WOULD FAIL: {_get(plan, 'failure', 'msg')}")]
+    for n, step in enumerate(plan.get("steps", []), 1):
+        mark = "x" if step.get("failed") else " "
+        lines.append(f"  [{mark}] {n}. {step['title']}: {step['text']}")
+        if step.get("failed"):
+            lines.append(f"        failed here: {step['failed']}")
+    return lines
+
+
+def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dict,
+                   fetch: dict | None, service: dict | None, purge: dict | None,
+                   benchmark: dict | None, failure: dict | None, check_mode: bool) -> dict:
+    """The JSON record of one host's migration (what happened, how long each step took)."""
+    swapped = bool(_get(service, "swapped"))
+    failed_msg = (failure or {}).get("msg") or ""
+    rolled_back = "rolled back" in failed_msg.lower() and "not rolled back" not in failed_msg.lower()
+    if failure:
+        outcome = "rolled_back" if rolled_back else "failed"
+    elif check_mode:
+        outcome = "preview"
+    else:
+        outcome = "migrated" if swapped else ("changed" if plan.get("changes") else "unchanged")
+    steps = {}
+    marks = sorted(((k, v) for k, v in (timings or {}).items() if v is not None), key=lambda kv: kv[1])
+    for (name, start), nxt in zip(marks, marks[1:] + [(None, None)]):
+        if name == "end":
+            continue
+        steps[name] = {"started": start, "seconds": round(nxt[1] - start, 3) if nxt[1] else None}
+    return {
+        "schema": RECORD_SCHEMA, "run_id": run_id, "host": host, "target": target,
+        "outcome": outcome, "check_mode": check_mode,
+        "failure": failure, "rolled_back": rolled_back,
+        "steps": steps, "plan": plan,
+        "purge": {"removed": len(_get(purge, "removed", default=[]) or []),
+                  "planned_bytes": _get(purge, "planned_bytes"), "freed_bytes": _get(purge, "freed_bytes")},
+        "fetch": {"commit": _get(fetch, "commit"), "bytes_downloaded": _get(fetch, "bytes_downloaded"),
+                  "files_downloaded": _get(fetch, "files_downloaded"), "seconds": _get(fetch, "seconds"),
+                  "mb_per_s": _get(fetch, "mb_per_s"), "verified": _get(fetch, "verification", "ok")},
+        "swap": {"swapped": swapped, "replaced_model": _get(service, "replaced_model"),
+                 "downtime_s": _get(service, "downtime_s"), "start_to_ready_s": _get(service, "start_to_ready_s")},
+        "benchmark": ({k: benchmark.get(k) for k in ("run_dir", "report", "saturation", "stopped_early", "comparison")}
+                      if benchmark else None),
+    }
+
+
+class FilterModule:
+    def filters(self):
+        return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines,
+                "migrate_record": migrate_record, "human_bytes": human_bytes}

@@ -1,0 +1,90 @@
+"""The migration's plan (preview) and run record, from the roles' results (issue 8)."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.modelswap.vllm.plugins.filter.migrate import (
+    FilterModule, human_bytes, migrate_plan, migrate_record, plan_lines)
+
+pytestmark = pytest.mark.unit
+GIB = 1024 ** 3
+
+PLAN = {"verdict": "fits_after_purge", "filesystem": {"available_bytes": 100 * GIB},
+        "target": {"commit": "c" * 40, "needed_bytes": 547 * GIB, "download_bytes": 547 * GIB, "missing_files": 64},
+        "purge": [{"name": "kimi-k2.5-nvfp4", "bytes": 540 * GIB}], "purge_bytes": 540 * GIB,
+        "served": {"name": "minimax-m2.5"}}
+PURGE = {"removed": [{"name": "kimi-k2.5-nvfp4", "revision": "r" * 40, "bytes": 540 * GIB}],
+         "planned_bytes": 540 * GIB, "freed_bytes": None}
+FETCH_CHECK = {"commit": "c" * 40, "would_fetch": {"files": [f"f{i}" for i in range(64)], "bytes": 547 * GIB}}
+SERVICE_CHECK = {"would_swap": True, "swapped": False, "replaced_model": "minimax-m2.5", "unit": "vllm.service"}
+
+
+def test_the_preview_reads_like_the_seeds_todo_list_with_numbers():
+    plan = migrate_plan("kimi-k2.5-int4", PLAN, PURGE, FETCH_CHECK, SERVICE_CHECK,
+                        {"enabled": True, "concurrency": [1, 8, 1024]}, None, 1.25e9)
+    steps = {s["step"]: s for s in plan["steps"]}
+    assert list(steps) == ["preflight", "purge", "fetch", "swap", "benchmark"]
+    assert steps["preflight"]["free_before"] == 100 * GIB
+    assert steps["preflight"]["free_after"] == (100 + 540 - 547) * GIB
+    assert steps["purge"]["items"] == [{"name": "kimi-k2.5-nvfp4", "revision": "r" * 40, "bytes": 540 * GIB}]
+    assert steps["fetch"]["files"] == 64 and steps["fetch"]["bytes"] == 547 * GIB
+    assert steps["fetch"]["eta_s"] == pytest.approx(547 * GIB / 1.25e9)
+    assert steps["swap"]["stop"] == "minimax-m2.5" and steps["swap"]["start"] == "kimi-k2.5-int4"
+    assert steps["benchmark"]["enabled"] and plan["ready"] and plan["changes"]
+    lines = plan_lines(plan, "gpu-a01")
+    assert lines[0] == "gpu-a01: migrate to kimi-k2.5-int4"
+    assert lines[2] == "  [ ] 2. Delete what the plan frees: delete 1 item(s), freeing 540.0 GiB"
+    assert "download 64 file(s), 547.0 GiB, about 8 min at 1.2 GiB/s" in lines[3]
+
+
+def test_a_host_already_serving_the_target_has_nothing_to_do():
+    plan = migrate_plan("tiny-b", {"verdict": "fits", "filesystem": {"available_bytes": GIB},
+                                   "target": {"needed_bytes": 0, "download_bytes": 0}},
+                        {"removed": [], "planned_bytes": 0}, {"commit": "c" * 40, "would_fetch": {"files": [], "bytes": 0}},
+                        {"would_swap": False, "swapped": False}, {"enabled": True, "concurrency": [1]})
+    assert not plan["changes"]
+    assert [s["text"] for s in plan["steps"][1:]] == [
+        "nothing to delete", "already downloaded and verified",
+        "tiny-b already serves with this configuration: no restart", "skipped"]
+
+
+def test_a_failed_step_is_marked_in_the_plan():
+    failure = {"step": "preflight", "msg": "kimi does not fit: short by 7 GiB"}
+    plan = migrate_plan("kimi", PLAN, None, None, None, {"enabled": True}, failure)
+    assert not plan["ready"]
+    assert plan["steps"][0]["failed"] == failure["msg"]
+    assert plan_lines(plan, "h")[0] == "h: migrate to kimi - WOULD FAIL: kimi does not fit: short by 7 GiB"
+
+
+@pytest.mark.parametrize("service, failure, check, outcome, rolled_back", [
+    ({"swapped": True, "downtime_s": 41.5}, None, False, "migrated", False),
+    ({"swapped": False}, None, False, "unchanged", False),
+    (None, {"step": "swap", "msg": "vllm_service: tiny-broken failed to start; rolled back to tiny-a"}, False,
+     "rolled_back", True),
+    (None, {"step": "swap", "msg": "NOT rolled back: no earlier configuration"}, False, "failed", False),
+    ({"would_swap": True}, None, True, "preview", False),
+])
+def test_the_record_names_the_outcome(service, failure, check, outcome, rolled_back):
+    plan = migrate_plan("tiny-b", None, None, None, service, None, failure)
+    record = migrate_record("gpu1", "20261202T000000Z", "tiny-b", plan, {"preflight": 10.0, "end": 12.5},
+                            None, service, None, None, failure, check)
+    assert record["outcome"] == outcome and record["rolled_back"] is rolled_back
+    assert record["schema"] == 1 and record["host"] == "gpu1"
+
+
+def test_the_record_times_each_step_from_its_marks():
+    marks = {"install": 100.0, "preflight": 101.0, "purge": 103.5, "fetch": 104.0, "swap": 110.0,
+             "benchmark": 150.0, "end": 170.0}
+    fetch = {"commit": "c" * 40, "bytes_downloaded": 3_000_000, "seconds": 5.5, "verification": {"ok": True}}
+    service = {"swapped": True, "downtime_s": 38.2, "replaced_model": "tiny-a"}
+    record = migrate_record("gpu1", "run", "tiny-b", migrate_plan("tiny-b", None, None, fetch, service),
+                            marks, fetch, service, None, {"report": "r.md", "run_dir": "d"}, None, False)
+    assert {k: v["seconds"] for k, v in record["steps"].items()} == {
+        "install": 1.0, "preflight": 2.5, "purge": 0.5, "fetch": 6.0, "swap": 40.0, "benchmark": 20.0}
+    assert record["fetch"]["verified"] is True and record["swap"]["downtime_s"] == 38.2
+    assert record["benchmark"]["report"] == "r.md"
+
+
+def test_filters_are_registered_and_bytes_read_like_df():
+    assert set(FilterModule().filters()) >= {"migrate_plan", "migrate_plan_lines", "migrate_record", "human_bytes"}
+    assert human_bytes(0) == "0 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(None) == "?"
