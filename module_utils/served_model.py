@@ -37,6 +37,8 @@ def read_deployment_record(path: str):
     except ValueError as exc:
         raise ServedError("the deployment record %s is not valid JSON (%s); fix or remove it so "
                           "the served model is known" % (path, exc))
+    if isinstance(data, dict) and not any(data.get(k) for k in RECORD_KEYS) and "fetched" in data:
+        return None     # models fetched (model_fetch notes them) but none deployed yet
     if not isinstance(data, dict) or not any(data.get(k) for k in RECORD_KEYS):
         raise ServedError("the deployment record %s names no model (expected keys %s)"
                           % (path, ", ".join(RECORD_KEYS)))

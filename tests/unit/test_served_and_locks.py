@@ -62,6 +62,9 @@ def test_deployment_record(tmp_path):
     path.write_text("{}")
     with pytest.raises(sm.ServedError, match="names no model"):
         sm.read_deployment_record(str(path))
+    # model_fetch notes what it fetched before anything is deployed: nothing is served yet
+    path.write_text(json.dumps({"fetched": {"m": {"repo_id": "org/m", "commit": "a" * 40}}}))
+    assert sm.read_deployment_record(str(path)) is None
 
 
 # ------------------------------------------------------------------------------------ locks
