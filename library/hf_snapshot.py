@@ -1,0 +1,592 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_snapshot
+short_description: Download a pinned Hugging Face model snapshot and verify every file's content
+version_added: "0.1.0"
+description:
+  - Downloads the files of a Hugging Face repository at one commit with C(huggingface_hub)
+    (its C(hf_hub_download), per file, on O(workers) threads) into a hub cache or a plain folder,
+    and verifies every file against the Hub's metadata for that commit, C(sha256) for LFS files
+    and the git blob C(sha1) for the others. huggingface_hub alone only checks sizes.
+  - O(revision) is resolved to a commit once; every file is fetched at that commit, and the
+    commit is returned. A pattern set (O(allow_patterns), O(ignore_patterns)) that selects no file
+    is an error.
+  - Takes a repository-wide lock for the whole download (C(<cache>/.locks/<repo folder>/modelswap.lock),
+    or C(<local_dir>/.cache/huggingface/download/.modelswap-download.lock)), which
+    M(modelswap.vllm.model_purge) also respects. Under it, partial files that killed runs left
+    behind (C(*.incomplete)) are deleted, each only when no download holds its per-file lock.
+  - Files are verified in parallel, each as soon as it has landed while others still download.
+    A file whose content does not match is deleted and fetched once more; if it is wrong again the
+    module deletes it and fails naming it. Transient failures (connection errors, HTTP 408, 429,
+    5xx, short transfers) are retried per file with exponential backoff.
+  - Writes a verified manifest next to the snapshot (C(<repo folder>/modelswap/<commit>.json) in a
+    cache, C(<local_dir>/.cache/huggingface/modelswap/<commit>.json)). The next run with the same
+    commit checks it with one C(stat) per file and, when nothing changed, returns C(changed=false)
+    without any network request (with a pinned commit; a branch costs one request to resolve).
+  - Long downloads report progress while they run through O(progress_file), which the
+    M(modelswap.vllm.hf_snapshot_progress) module reads (the model_fetch role polls it).
+options:
+  repo_id:
+    description: The repository, C(org/name).
+    type: str
+    required: true
+  revision:
+    description:
+      - A commit hash (40 hex digits), a branch or a tag. Always resolved to and returned as the commit.
+      - Pin commits in the catalog; a branch costs one Hub request on every run.
+    type: str
+    default: main
+  cache_dir:
+    description:
+      - The Hugging Face hub cache to download into (the folder holding C(models--org--name)).
+        Default C(HF_HUB_CACHE), else C(HF_HOME/hub), else C(~/.cache/huggingface/hub).
+      - Mutually exclusive with O(local_dir).
+    type: path
+  local_dir:
+    description:
+      - A plain folder to download into instead of the cache (files in place, no symlinks).
+        Note that a blob already in the default cache is copied, taking its space twice.
+    type: path
+  allow_patterns:
+    description: Only files matching at least one of these globs (fnmatch, as huggingface_hub).
+    type: list
+    elements: str
+  ignore_patterns:
+    description: Leave out files matching any of these globs.
+    type: list
+    elements: str
+  token:
+    description:
+      - Hub token for gated or private repositories. Never logged, returned or written to any file.
+      - Only this token is ever sent. A token stored on the host (C(HF_TOKEN), C(hf auth login))
+        is not used, so no token reaches an endpoint it was not meant for.
+    type: str
+  endpoint:
+    description: The Hub's URL (a mirror, the lab's local Hub). Default C(HF_ENDPOINT) or huggingface.co.
+    type: str
+  workers:
+    description: Files downloaded at once (one connection each).
+    type: int
+    default: 8
+  verify:
+    description:
+      - C(full) hashes every file's content; C(size) only compares sizes (what huggingface_hub does).
+    type: str
+    choices: [full, size]
+    default: full
+  verify_workers:
+    description: Threads hashing files in parallel; C(0) means the number of CPUs this process may use.
+    type: int
+    default: 0
+  reverify:
+    description:
+      - Hash every selected file again even when the manifest vouches for it. Works offline (the
+        manifest holds the commit's metadata). Files found bad are deleted and fetched again.
+    type: bool
+    default: false
+  use_xet:
+    description:
+      - Let huggingface_hub use the Xet protocol where the Hub offers it (production default). C(false)
+        forces plain HTTP downloads (mirrors, the lab's local Hub).
+    type: bool
+    default: true
+  offline:
+    description:
+      - Never contact the Hub; resolve, list and verify from the manifest and the cache only. Fails
+        when something would have to be downloaded.
+    type: bool
+    default: false
+  retries:
+    description: Extra attempts for a transient failure of one request or file, with exponential backoff.
+    type: int
+    default: 5
+  retry_delay:
+    description: Seconds before the first retry; doubled on each further one (at most 60).
+    type: float
+    default: 2.0
+  timeout:
+    description: Seconds to wait for the Hub to answer or send data before a retry.
+    type: int
+    default: 30
+  lock_timeout:
+    description: Seconds to wait for another download of the same repository to release the lock.
+    type: int
+    default: 600
+  progress_file:
+    description:
+      - Where to write the progress JSON (state, bytes, percent, rate, ETA, files) every
+        O(progress_interval) seconds while the module runs. Not written in check mode.
+    type: path
+  progress_id:
+    description: An opaque id written into O(progress_file), so a poller tells this run from an earlier one.
+    type: str
+    default: ""
+  progress_interval:
+    description: Seconds between progress file updates.
+    type: float
+    default: 5.0
+  record:
+    description:
+      - A deployment record (JSON) in which to note, under C(fetched.<record_name>), what is on disk,
+        at which commit, verified how. Other keys of the record are kept.
+    type: path
+  record_name:
+    description: The catalog name under which O(record) notes this snapshot.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details:
+      - A dry run. Resolves the revision and lists the files (Hub metadata, or the cache), then returns the
+        files and bytes that would be fetched and predicts C(changed). One C(HEAD) request checks access to a
+        file that would be fetched; no file content is transferred and nothing is written.
+  diff_mode:
+    support: full
+    details: The manifest before and after (one line per file).
+  async:
+    support: full
+    details: Meant to run with C(async) and C(poll=0) for long downloads, polled with hf_snapshot_progress.
+requirements:
+  - huggingface_hub >= 1.0 (2.x tested) in the Python that runs the module, on the managed host.
+notes:
+  - Run the task with C(ansible_python_interpreter) set to a Python that has huggingface_hub (on serving
+    hosts, the vLLM virtualenv's); the model_fetch role's C(model_fetch_python) does that.
+  - A killed run leaves partial files that no later run of huggingface_hub reuses; the next hf_snapshot run
+    deletes them under the repository lock and fetches those files again (completed files are kept).
+  - Within one run, a dropped connection resumes from the last whole 1 MiB chunk received (the module sets
+    huggingface_hub's read chunk from 10 MiB to 1 MiB, which also makes progress finer).
+seealso:
+  - module: modelswap.vllm.hf_snapshot_progress
+  - module: modelswap.vllm.disk_plan
+  - module: modelswap.vllm.model_purge
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Download a pinned model into the host's cache and verify it
+  modelswap.vllm.hf_snapshot:
+    repo_id: moonshotai/Kimi-K2.5
+    revision: 0123456789abcdef0123456789abcdef01234567
+    cache_dir: /var/lib/modelswap/hf/hub
+    allow_patterns: ["*.safetensors", "*.json", "*.py", "tokenizer*"]
+    token: "{{ hf_token }}"
+    workers: 8
+  vars:
+    ansible_python_interpreter: /opt/modelswap/venvs/vllm/bin/python
+
+- name: Start a long download in the background, with progress in a file
+  modelswap.vllm.hf_snapshot:
+    repo_id: lab/tiny-a
+    revision: main
+    endpoint: http://10.213.7.1:8480
+    use_xet: false
+    local_dir: /srv/models/tiny-a
+    progress_file: /var/lib/modelswap/progress/tiny-a.json
+    progress_id: "{{ run_id }}"
+  async: 86400
+  poll: 0
+  register: fetch_job
+
+- name: Re-verify a snapshot offline (no network), e.g. after a disk incident
+  modelswap.vllm.hf_snapshot:
+    repo_id: lab/tiny-a
+    revision: 8976b4494868209c1aa701c350d8990989f06532
+    cache_dir: /var/lib/modelswap/hf/hub
+    offline: true
+    reverify: true
+"""
+
+RETURN = r"""
+repo_id:
+  description: The repository.
+  returned: always
+  type: str
+revision:
+  description: The revision asked for.
+  returned: always
+  type: str
+commit:
+  description: The commit the revision resolved to (what was downloaded and verified).
+  returned: success
+  type: str
+  sample: 8976b4494868209c1aa701c350d8990989f06532
+snapshot_path:
+  description: The snapshot folder to load the model from (C(snapshots/<commit>) in a cache, or the local_dir).
+  returned: success
+  type: str
+layout:
+  description: C(cache) or C(local_dir).
+  returned: success
+  type: str
+files:
+  description: Files selected (after patterns).
+  returned: success
+  type: int
+bytes_total:
+  description: Their total size.
+  returned: success
+  type: int
+files_downloaded:
+  description: Files fetched by this run (0 on a no-op).
+  returned: success
+  type: int
+bytes_downloaded:
+  description: Bytes received by this run.
+  returned: success
+  type: int
+seconds:
+  description: Wall time of the whole run.
+  returned: always
+  type: float
+mb_per_s:
+  description: Download rate (bytes_downloaded / download time, in MB/s of 10^6 bytes).
+  returned: success
+  type: float
+verification:
+  description: How the files were verified.
+  returned: success
+  type: dict
+  contains:
+    mode: {description: "full (content hashes) or size.", type: str}
+    ok: {description: Every selected file is verified., type: bool}
+    source: {description: "manifest (earlier verification, unchanged files) or this run.", type: str}
+    files: {description: Files checked by this run., type: int}
+    hashed_bytes: {description: Bytes hashed by this run., type: int}
+    seconds: {description: Wall time from the first to the last verification of this run., type: float}
+    workers: {description: Hashing threads., type: int}
+    refetched: {description: "Files that failed verification and were fetched once more (path, reason).", type: list}
+    verified_at: {description: When the manifest was written (UTC)., type: str}
+manifest:
+  description: The manifest's path.
+  returned: success
+  type: str
+extra_files:
+  description: In local_dir mode, files in the folder that the snapshot does not have (at most 20; left alone).
+  returned: when there are any
+  type: list
+  elements: str
+orphans_removed:
+  description: Partial files of earlier killed runs deleted before downloading (path, bytes).
+  returned: success
+  type: list
+  elements: dict
+would_fetch:
+  description: In check mode, what a real run would fetch and verify.
+  returned: check_mode
+  type: dict
+  contains:
+    files: {description: Files to download., type: list}
+    bytes: {description: Bytes to download., type: int}
+    verify: {description: Files already present that would be verified., type: list}
+record:
+  description: The deployment record's entry for this snapshot, and whether it changed.
+  returned: when record is set
+  type: dict
+summary:
+  description: One line for humans.
+  returned: success
+  type: str
+  sample: "lab/tiny-a@8976b449...: 9 files, 2.3 MiB; downloaded 9 files (2.3 MiB) in 0.8 s (12.1 MB/s); verified full (9 files); /var/..."
+listing_source:
+  description: Where the commit's file list came from, C(manifest), C(tree_cache) (huggingface_hub's) or C(hub).
+  returned: success
+  type: str
+resolved_by:
+  description: How the revision became a commit, C(pinned) (it is one), C(hub) or C(cache) (offline).
+  returned: success
+  type: str
+requests_made:
+  description: Whether this run sent any request to the Hub.
+  returned: success
+  type: bool
+timings:
+  description: Seconds spent planning (resolve, list), waiting for the lock, preparing, transferring and
+    verifying, writing the manifest.
+  returned: success
+  type: dict
+library_messages:
+  description: Warnings of huggingface_hub and the module's retries (resumed transfers, retried requests).
+  returned: always
+  type: list
+  elements: str
+cause:
+  description: On failure, a short code of the cause (repo_not_found, revision_not_found, gated, unauthorized,
+    hub_unavailable, unreachable, disk_full, not_writable, corrupt, no_match, locked, offline, bad_repo_id, ...).
+  returned: failure
+  type: str
+"""
+
+import os
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils.hf_progress import Progress, human_bytes
+
+ACTION = "hf_snapshot"
+
+
+def manifest_lines(manifest, wanted=None) -> str:
+    if not manifest:
+        return ""
+    files = manifest["files"]
+    names = sorted(wanted) if wanted is not None else sorted(files)
+    lines = ["%s@%s verify=%s" % (manifest["repo_id"], manifest["commit"], manifest["verify"])]
+    for name in names:
+        rec = files.get(name)
+        if rec:
+            lines.append("%s %d %s:%s" % (name, int(rec["size"]), rec.get("algo"), (rec.get("digest") or "")[:16]))
+    return "\n".join(lines) + "\n"
+
+
+def planned_lines(job, plan) -> str:
+    lines = ["%s@%s verify=%s" % (job.repo_id, job.commit, job.o["verify"])]
+    for name in sorted(job.wanted):
+        algo, digest = hv.expected_digest(job.wanted[name])
+        lines.append("%s %d %s:%s" % (name, int(job.wanted[name]["size"]), algo, digest[:16]))
+    return "\n".join(lines) + "\n"
+
+
+def reverify_confirmed(job, out: dict, before, mode: str) -> bool:
+    """A re-verification that found every file as the manifest says: keep the manifest as it is."""
+    return (job.o["reverify"] and before is not None and before.get("verify") == mode
+            and not out["files_downloaded"] and not out["refetched"] and not job.stale_files())
+
+
+def summary_line(r: dict, check_mode: bool) -> str:
+    """One line for humans (the model_fetch role prints it per host)."""
+    head = "%s@%s: %d files, %s" % (r["repo_id"], r["commit"], r["files"], human_bytes(r["bytes_total"]))
+    v = r.get("verification") or {}
+    if check_mode:
+        wf = r["would_fetch"]
+        if not wf["files"] and not wf["verify"]:
+            return "%s; verified %s (manifest), nothing to do" % (head, v.get("mode"))
+        return "%s; would fetch %d files (%s) and verify %d present ones (check mode)" % (
+            head, len(wf["files"]), human_bytes(wf["bytes"]), len(wf["verify"]))
+    if v.get("source") == "manifest":
+        return "%s; verified %s at %s, nothing to do; %s" % (head, v.get("mode"), v.get("verified_at"),
+                                                             r["snapshot_path"])
+    return "%s; downloaded %d files (%s) in %.1f s (%s MB/s); verified %s (%d files%s); %s" % (
+        head, r["files_downloaded"], human_bytes(r["bytes_downloaded"]), r["seconds"], r["mb_per_s"],
+        v.get("mode"), v.get("files", 0),
+        ", %d fetched again" % len(v["refetched"]) if v.get("refetched") else "", r["snapshot_path"])
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            repo_id=dict(type="str", required=True),
+            revision=dict(type="str", default="main"),
+            cache_dir=dict(type="path"),
+            local_dir=dict(type="path"),
+            allow_patterns=dict(type="list", elements="str"),
+            ignore_patterns=dict(type="list", elements="str"),
+            token=dict(type="str", no_log=True),
+            endpoint=dict(type="str"),
+            workers=dict(type="int", default=8),
+            verify=dict(type="str", choices=["full", "size"], default="full"),
+            verify_workers=dict(type="int", default=0),
+            reverify=dict(type="bool", default=False),
+            use_xet=dict(type="bool", default=True),
+            offline=dict(type="bool", default=False),
+            retries=dict(type="int", default=5),
+            retry_delay=dict(type="float", default=2.0),
+            timeout=dict(type="int", default=30),
+            lock_timeout=dict(type="int", default=600),
+            progress_file=dict(type="path"),
+            progress_id=dict(type="str", default=""),
+            progress_interval=dict(type="float", default=5.0),
+            record=dict(type="path"),
+            record_name=dict(type="str"),
+        ),
+        mutually_exclusive=[("cache_dir", "local_dir")],
+        required_together=[("record", "record_name")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    started = time.monotonic()
+    base = {"repo_id": p["repo_id"], "revision": p["revision"]}
+
+    def fail(msg, cause="error", **extra):
+        module.fail_json(msg="%s: %s" % (ACTION, msg), cause=cause, changed=False,
+                         seconds=round(time.monotonic() - started, 3), **dict(base, **extra))
+
+    for key, low in (("workers", 1), ("verify_workers", 0), ("retries", 0), ("timeout", 1),
+                     ("lock_timeout", 0)):
+        if p[key] < low:
+            fail("%s must be %d or more, not %d" % (key, low, p[key]), "bad_option")
+    if p["retry_delay"] < 0 or p["progress_interval"] <= 0:
+        fail("retry_delay must be >= 0 and progress_interval > 0", "bad_option")
+    if not hd.HAS_HF:
+        module.fail_json(msg=missing_required_lib(
+            "huggingface_hub", reason="to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
+                                      "to the vLLM virtualenv's python)" % p["repo_id"]),
+            cause="missing_library", **base)
+    try:
+        hf = hd.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
+    except Exception as exc:  # a broken install is as good as none
+        module.fail_json(msg=missing_required_lib("huggingface_hub", reason="it failed to import: %s" % exc),
+                         exception=traceback.format_exc(), cause="missing_library", **base)
+
+    progress = None
+    if not module.check_mode:   # counters always; the file only with progress_file
+        progress = Progress(p["progress_file"] or "", run_id=p["progress_id"], interval=p["progress_interval"])
+        progress.set(repo_id=p["repo_id"], revision=p["revision"])
+        try:
+            progress.start()
+        except OSError as exc:
+            fail("cannot write the progress file %s: %s; fix progress_file" % (p["progress_file"], exc.strerror),
+                 "not_writable")
+
+    job = hd.SnapshotJob(
+        p["repo_id"], hf=hf, revision=p["revision"], cache_dir=p["cache_dir"], local_dir=p["local_dir"],
+        allow_patterns=p["allow_patterns"], ignore_patterns=p["ignore_patterns"], token=p["token"],
+        endpoint=p["endpoint"], workers=p["workers"], verify_workers=p["verify_workers"], verify=p["verify"],
+        reverify=p["reverify"], use_xet=p["use_xet"], offline=p["offline"], retries=p["retries"],
+        retry_delay=p["retry_delay"], timeout=p["timeout"], lock_timeout=p["lock_timeout"], progress=progress)
+
+    def failed(exc):
+        partial = getattr(exc, "partial", None) or {}
+        extra = {"commit": job.commit, "library_messages": job.library_log.lines[-30:]}
+        if partial:
+            extra.update(files_downloaded=partial.get("files_downloaded", 0),
+                         bytes_downloaded=partial.get("bytes_downloaded", 0),
+                         refetched=partial.get("refetched", []),
+                         verify_failures=partial.get("verify_failures", []),
+                         orphans_removed=partial.get("orphans_removed", []))
+        msg = str(exc)
+        if p["token"]:
+            msg = msg.replace(p["token"], "********")
+        if progress is not None:
+            progress.finish("failed", msg)
+        fail(msg, exc.cause, **extra)
+
+    try:
+        job.setup()
+        if progress is not None:
+            progress.set(commit=None)
+        plan = job.plan()
+        if progress is not None:
+            progress.set(commit=job.commit)
+    except hd.FetchError as exc:
+        failed(exc)
+
+    layout = job.layout
+    wanted = job.wanted
+    result = dict(base, commit=job.commit, snapshot_path=layout.snapshot(job.commit), layout=layout.kind,
+                  files=len(wanted), bytes_total=sum(int(e["size"]) for e in wanted.values()),
+                  files_downloaded=0, bytes_downloaded=0, manifest=job.manifest_file, orphans_removed=[],
+                  listing_source=job.listing_source, resolved_by=job.resolved_by)
+    before_manifest = job.manifest
+    changed = not plan["noop"]
+
+    if module.check_mode:
+        problem = hd.writable_problem(layout.root, probe=False) if changed else ""
+        if problem:
+            fail("cannot download %s into %s: %s; choose a writable destination or run with become"
+                 % (p["repo_id"], layout.root, problem), "not_writable", commit=job.commit)
+        if plan["fetch"] and not p["offline"]:
+            try:
+                job.probe_access(min(plan["fetch"], key=lambda f: int(wanted[f]["size"])))
+            except hd.FetchError as exc:
+                failed(exc)
+        if plan["fetch"] and p["offline"]:
+            fail("offline: %d files of %s@%s are missing under %s and would have to be downloaded; run with "
+                 "network access" % (len(plan["fetch"]), p["repo_id"], job.commit[:12], layout.root),
+                 "offline", commit=job.commit)
+        result["would_fetch"] = {"files": plan["fetch"], "bytes": plan["bytes_to_fetch"], "verify": plan["verify"]}
+        result["verification"] = {"mode": p["verify"], "ok": plan["noop"],
+                                  "source": "manifest" if plan["manifest_ok"] else "pending", "files": 0,
+                                  "hashed_bytes": 0, "seconds": 0.0, "workers": 0, "refetched": [],
+                                  "verified_at": (before_manifest or {}).get("verified_at")}
+        if changed and module._diff:
+            result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
+                              "before": manifest_lines(before_manifest, wanted), "after": planned_lines(job, plan)}
+    elif plan["noop"]:
+        result["verification"] = {"mode": before_manifest["verify"], "ok": True, "source": "manifest",
+                                  "files": 0, "hashed_bytes": 0, "seconds": 0.0, "workers": 0, "refetched": [],
+                                  "verified_at": before_manifest["verified_at"]}
+    else:
+        if p["offline"] and plan["fetch"]:
+            failed(hd.FetchError(
+                "offline: %d files of %s@%s are missing or bad under %s (e.g. %s) and must be downloaded; run "
+                "with network access" % (len(plan["fetch"]), p["repo_id"], job.commit[:12], layout.root,
+                                         plan["fetch"][0]), "offline"))
+        try:
+            out = job.execute(plan)
+            if out.get("noop"):    # another run completed it while this one waited for the lock
+                manifest, changed = job.manifest, False
+            elif reverify_confirmed(job, out, before_manifest, p["verify"]):
+                manifest, changed = before_manifest, bool(out["orphans_removed"])
+            else:
+                manifest = job.write_manifest(out["verified"])
+        except hd.FetchError as exc:
+            failed(exc)
+        except OSError as exc:
+            failed(job._fail(exc, "writing the snapshot of %s" % p["repo_id"]))
+        result.update(files_downloaded=out["files_downloaded"], bytes_downloaded=out["bytes_downloaded"],
+                      orphans_removed=out["orphans_removed"])
+        extra = layout.extra_files(wanted)
+        if extra:
+            result["extra_files"] = extra
+            module.warn("%s: %s holds files that %s@%s does not have (e.g. %s); they were left alone, remove "
+                        "them if they are stale" % (ACTION, layout.root, p["repo_id"], job.commit[:12],
+                                                    ", ".join(extra[:3])))
+        if out["orphans_busy"]:
+            module.warn("%s: %d partial files under %s belong to a download that is still running (their lock "
+                        "is held); left alone" % (ACTION, len(out["orphans_busy"]), layout.root))
+        dl = out["download_seconds"] or 0.0
+        result["mb_per_s"] = round(out["bytes_downloaded"] / dl / 1e6, 1) if dl > 0 else 0.0
+        vs = out["verify_seconds"]
+        result["verification"] = {
+            "mode": manifest["verify"], "ok": True, "source": "manifest" if out.get("noop") else "this run",
+            "files": len(out["verified"]),
+            "hashed_bytes": out["hashed_bytes"], "seconds": round(vs, 3),
+            "gb_per_s": round(out["hashed_bytes"] / vs / 1e9, 3) if vs > 0 and out["hashed_bytes"] else None,
+            "workers": p["verify_workers"] or hv.default_workers(), "refetched": out["refetched"],
+            "verified_at": manifest["verified_at"]}
+        if changed and module._diff:
+            result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
+                              "before": manifest_lines(before_manifest, wanted), "after": manifest_lines(manifest)}
+
+    if p["record"]:
+        try:
+            if result.get("verification", {}).get("verified_at") is None:
+                rec_changed, before, after = True, None, None
+            else:
+                entry = mf.fetched_entry(result)
+                if module.check_mode:
+                    rec_changed, before, after = mf.plan_record(p["record"], p["record_name"], entry)
+                else:
+                    before = None
+                    rec_changed = mf.update_record(p["record"], p["record_name"], entry)
+                    after = entry
+        except (mf.ManifestError, OSError) as exc:
+            if progress is not None:
+                progress.finish("failed", str(exc))
+            fail("the download succeeded but recording it failed: %s" % exc, "record", commit=job.commit,
+                 snapshot_path=result["snapshot_path"])
+        result["record"] = {"path": p["record"], "name": p["record_name"], "changed": rec_changed, "entry": after}
+        changed = changed or rec_changed
+    result.setdefault("mb_per_s", 0.0)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    result["summary"] = summary_line(result, module.check_mode)
+    result["library_messages"] = job.library_log.lines[-30:]
+    result["timings"] = {k: round(v, 3) for k, v in job.timings.items()}
+    result["requests_made"] = job.requests_made
+    if progress is not None:
+        progress.finish("done")
+    module.exit_json(changed=changed, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hf_snapshot_progress
+short_description: Read the progress of a running hf_snapshot download
+version_added: "0.1.0"
+description:
+  - Read-only. Reads the progress file that M(modelswap.vllm.hf_snapshot) writes while it runs (with
+    C(async) and C(poll=0)) and returns one line for humans (bytes, percent, rate, ETA, files) plus
+    whether the download has ended.
+  - The download has ended (C(finished=true)) when the file says C(done) or C(failed), when the process
+    that writes it is gone (its pid and start time are checked in C(/proc), so a reused pid is not
+    mistaken for it), or when the Ansible async job's results file (O(results_file)) holds a result.
+  - Meant for a polling loop (C(loop) with C(loop_control.pause) and C(break_when)); the model_fetch role
+    prints one line per host per interval this way, then collects the result with C(async_status).
+options:
+  path:
+    description: The progress file (hf_snapshot's O(modelswap.vllm.hf_snapshot#module:progress_file)).
+    type: path
+    required: true
+  progress_id:
+    description: Only a progress file with this id counts (hf_snapshot's O(modelswap.vllm.hf_snapshot#module:progress_id));
+      an older run's file reads as "waiting for the download to start".
+    type: str
+    default: ""
+  results_file:
+    description: The async job's results file (C(results_file) of the task started with C(poll=0)).
+    type: path
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+seealso:
+  - module: modelswap.vllm.hf_snapshot
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Show the download's progress every 30 s until it ends
+  modelswap.vllm.hf_snapshot_progress:
+    path: /var/lib/modelswap/progress/kimi.json
+    progress_id: "{{ run_id }}"
+    results_file: "{{ fetch_job.results_file }}"
+  register: progress
+  loop: "{{ range(2880) | list }}"
+  loop_control:
+    pause: 30
+    label: "{{ progress.line | default('') }}"
+    break_when:
+      - progress.finished | default(true)
+"""
+
+RETURN = r"""
+finished:
+  description: Whether the download has ended (done, failed, its process gone, or the async job ended).
+  returned: always
+  type: bool
+state:
+  description: starting, resolving, waiting, cleaning, downloading, verifying, done or failed.
+  returned: always
+  type: str
+line:
+  description: One line for humans.
+  returned: always
+  type: str
+  sample: "lab/tiny-a@8976b4494868 downloading 45.2% 120.0 MiB of 265.4 MiB 35.1 MiB/s ETA 0:00:04 3/7 files"
+found:
+  description: Whether a progress file of this run was found.
+  returned: always
+  type: bool
+alive:
+  description: Whether the writing process is alive (null when unknown).
+  returned: always
+  type: bool
+age_s:
+  description: Seconds since the file was last written (host clock).
+  returned: when found
+  type: float
+percent:
+  description: Percent of the bytes to fetch that have arrived.
+  returned: when found
+  type: float
+bytes_done:
+  description: Bytes received so far.
+  returned: when found
+  type: int
+bytes_total:
+  description: Bytes to fetch in this run.
+  returned: when found
+  type: int
+rate_bps:
+  description: Bytes per second over the last 20 s.
+  returned: when found
+  type: int
+eta_s:
+  description: Seconds left at that rate (null when unknown).
+  returned: when found
+  type: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.hf_progress import read_progress
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            progress_id=dict(type="str", default=""),
+            results_file=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    info = read_progress(p["path"], p["progress_id"], p["results_file"] or "")
+    info.pop("id", None)
+    module.exit_json(changed=False, **info)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1083 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""A pinned, verified, repeatable snapshot download with huggingface_hub (the logic of hf_snapshot).
+
+huggingface_hub does every transfer (``HfApi`` for the revision and the file list,
+``hf_hub_download`` per file, so its locks, Range resumes within a process, xet and cache layout
+apply). Around it, ``SnapshotJob`` adds what an operator needs after hours of transfer
+(../shared/notes/huggingface.md says why each is needed):
+
+- the revision is resolved once to a commit and every file is fetched at that commit;
+- allow/ignore patterns that select nothing are an error, not a silent success;
+- one repository-wide lock (``RepoLock``) for the whole download; under it, partial files that
+  killed runs left behind are removed, each only when nobody holds its per-file lock;
+- each file is verified as soon as it lands, while others still download: sha256 for LFS files,
+  git blob sha1 for the rest (hf_verify); a mismatch deletes the file and fetches it once more,
+  then fails naming it;
+- transient failures (connection errors, 408/429/5xx, short bodies) are retried per file with
+  backoff; permanent ones (not found, gated, disk full, permissions) fail at once with a message
+  that names the cause and the fix;
+- a manifest of what was verified (hf_manifest) makes the next run an offline no-op.
+
+huggingface_hub is imported lazily by ``load_hf`` after the environment it reads at import time
+(xet, offline mode, timeouts) is set. ``HAS_HF`` says whether it is installed at all.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import importlib.util
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils.disk_planning import filter_paths
+from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
+    COMMIT_RE,
+    StoreError,
+    repo_folder_name,
+    validate_repo_id,
+)
+from ansible_collections.modelswap.vllm.plugins.module_utils.store_locks import LockSet
+
+try:
+    HAS_HF = importlib.util.find_spec("huggingface_hub") is not None
+except (ImportError, ValueError):  # pragma: no cover
+    HAS_HF = False
+
+REPO_LOCK_NAME = "modelswap.lock"                 # in <cache>/.locks/<repo folder>/
+LOCAL_LOCK_NAME = ".modelswap-download.lock"       # in <local_dir>/.cache/huggingface/download/
+DEFAULT_ENDPOINT = "https://huggingface.co"
+_CONTENTION = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+_TRANSIENT_STATUS = (408, 425, 429, 500, 502, 503, 504)
+MAX_BACKOFF_S = 60.0
+CHUNK_SIZE = 1024 * 1024
+
+
+class FetchError(Exception):
+    """A failure whose message is final (what, where, why, what to do)."""
+
+    def __init__(self, msg: str, cause: str = "error", transient: bool = False):
+        super().__init__(msg)
+        self.cause = cause
+        self.transient = transient
+
+
+class Cancelled(Exception):
+    """The job is stopping after another failure."""
+
+
+# --------------------------------------------------------------------------------------------
+# huggingface_hub, imported late
+# --------------------------------------------------------------------------------------------
+class HF:
+    """The parts of huggingface_hub the job uses (one import, after the environment is set)."""
+
+    def __init__(self):
+        import huggingface_hub
+        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub import constants
+        from huggingface_hub import errors
+        from huggingface_hub.hf_api import RepoFile
+
+        self.version = huggingface_hub.__version__
+        self.HfApi = HfApi
+        self.hf_hub_download = hf_hub_download
+        self.constants = constants
+        self.errors = errors
+        self.RepoFile = RepoFile
+        try:
+            from huggingface_hub.file_download import get_hf_file_metadata
+        except ImportError:  # pragma: no cover
+            get_hf_file_metadata = None
+        self.get_hf_file_metadata = get_hf_file_metadata
+        try:
+            from huggingface_hub import hf_hub_url
+        except ImportError:  # pragma: no cover
+            hf_hub_url = None
+        self.hf_hub_url = hf_hub_url
+
+
+def hf_environment(*, use_xet: bool, offline: bool, timeout: float) -> dict:
+    """The variables huggingface_hub reads at import time, for this job."""
+    env = {
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_ETAG_TIMEOUT": str(int(timeout)),
+        "HF_HUB_DOWNLOAD_TIMEOUT": str(int(timeout)),
+        "HF_HUB_OFFLINE": "1" if offline else "0",
+    }
+    if not use_xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    return env
+
+
+def load_hf(*, use_xet: bool, offline: bool, timeout: float) -> HF:
+    os.environ.update(hf_environment(use_xet=use_xet, offline=offline, timeout=timeout))
+    hf = HF()
+    # huggingface_hub reads HTTP bodies in DOWNLOAD_CHUNK_SIZE pieces (10 MiB): progress moves and a
+    # dropped connection resumes only at that granularity. 1 MiB gives ten times finer progress and
+    # resumes, and costs no throughput (it copies less; tests/bench/bench_hf_snapshot.py).
+    if getattr(hf.constants, "DOWNLOAD_CHUNK_SIZE", 0) > CHUNK_SIZE:
+        hf.constants.DOWNLOAD_CHUNK_SIZE = CHUNK_SIZE
+    return hf
+
+
+class _LibraryLog(logging.Handler):
+    """Keeps huggingface_hub's warnings (retries, resumes) for the result instead of stderr."""
+
+    def __init__(self, limit: int = 30):
+        super().__init__(logging.WARNING)
+        self.limit = limit
+        self.lines = []
+        self.dropped = 0
+
+    def emit(self, record):
+        try:
+            line = record.getMessage()
+        except Exception:  # pragma: no cover
+            return
+        self.note(line)
+
+    def note(self, line: str) -> None:
+        line = " ".join(str(line).split())[:300]
+        if len(self.lines) < self.limit:
+            self.lines.append(line)
+        else:
+            self.dropped += 1
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------------------------
+def _chain(exc):
+    seen = []
+    while exc is not None and exc not in seen and len(seen) < 8:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: bool,
+             what: str, dest: str = "") -> FetchError:
+    """A FetchError for an exception raised by huggingface_hub while doing ``what``."""
+    errors = getattr(hf, "errors", None)
+
+    def isa(e, name):
+        cls = getattr(errors, name, None) if errors is not None else None
+        return cls is not None and isinstance(e, cls)
+
+    for e in _chain(exc):
+        if isa(e, "GatedRepoError"):
+            who = "the token given has no access to it" if token_given else "no token was given"
+            return FetchError(
+                "%s: %s is a gated repository on %s and %s; accept its access conditions on the Hub "
+                "with an account and pass that account's token (option token; in the role "
+                "model_fetch_token)" % (what, repo_id, where, who), "gated")
+        if isa(e, "RevisionNotFoundError"):
+            return FetchError(
+                "%s: revision %r of %s was not found on %s; pin an existing commit, branch or tag "
+                "(the catalog's revision)" % (what, revision, repo_id, where), "revision_not_found")
+        if isa(e, "RepositoryNotFoundError"):
+            return FetchError(
+                "%s: repository %s was not found on %s (HTTP %s); fix the repo id (the catalog's "
+                "repo_id) or the endpoint, or, for a private repository, pass a token with access"
+                % (what, repo_id, where, _status(e) or "404"), "repo_not_found")
+        if isa(e, "RemoteEntryNotFoundError"):
+            return FetchError(
+                "%s: the Hub %s lists the file but answered 404 for it; retry later (the listing "
+                "and the storage disagree)" % (what, where), "entry_not_found", transient=True)
+        if isa(e, "OfflineModeIsEnabled"):
+            return FetchError(
+                "%s: the host is in offline mode (HF_HUB_OFFLINE=1 or offline=true) and the files "
+                "are not all on disk; run once with network access" % what, "offline")
+        if isa(e, "HfHubHTTPError"):
+            status = _status(e)
+            if status == 401:
+                return FetchError(
+                    "%s: %s refused the credentials (HTTP 401)%s; fix or renew the token"
+                    % (what, where, "" if token_given else ": the repository may be private"),
+                    "unauthorized")
+            if status == 403:
+                return FetchError(
+                    "%s: %s denied access to %s (HTTP 403); use a token with access to it"
+                    % (what, where, repo_id), "forbidden")
+            if status in _TRANSIENT_STATUS:
+                return FetchError(
+                    "%s: %s answered HTTP %d; the Hub is unavailable or overloaded: retry later "
+                    "(completed files are kept)" % (what, where, status), "hub_unavailable",
+                    transient=True)
+            return FetchError("%s: %s answered HTTP %s (%s)" % (what, where, status, _short(e)),
+                              "http_error")
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return FetchError(
+                "%s: the disk is full (%s) under %s; free space (disk_plan proposes what to purge, "
+                "model_purge removes it) or choose another cache_dir/local_dir, then run again"
+                % (what, os.strerror(e.errno), dest or "the destination"), "disk_full")
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return FetchError(
+                "%s: cannot write under %s (%s); make it writable for uid %d or choose another "
+                "destination" % (what, dest or "the destination", os.strerror(e.errno), os.getuid()),
+                "not_writable")
+        if isinstance(e, OSError) and "Consistency check failed" in str(e):
+            return FetchError("%s: the transfer from %s ended short (%s); retrying"
+                              % (what, where, _short(e)), "short_transfer", transient=True)
+        module = type(e).__module__ or ""
+        if module.startswith(("httpx", "httpcore", "requests", "urllib3")) or isinstance(
+                e, (ConnectionError, TimeoutError, socket.timeout)):
+            return FetchError(
+                "%s: cannot reach %s (%s: %s); check the endpoint, the network and proxies "
+                "(completed files are kept)" % (what, where, type(e).__name__, _short(e)),
+                "unreachable", transient=True)
+        if isinstance(e, ValueError) and "too large to be downloaded" in str(e):
+            return FetchError("%s: the file is over 50 GB, which the Hub serves only through xet; "
+                              "set use_xet=true and install hf_xet" % what, "needs_xet")
+    return FetchError("%s failed: %s: %s" % (what, type(exc).__name__, _short(exc)), "error")
+
+
+def _status(exc):
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _short(exc) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+# --------------------------------------------------------------------------------------------
+# where things are on disk
+# --------------------------------------------------------------------------------------------
+class CacheLayout:
+    """A Hugging Face hub cache: blobs named by etag, snapshots/<commit>/<path> symlinks."""
+
+    kind = "cache"
+
+    def __init__(self, cache_dir: str, repo_id: str):
+        self.root = cache_dir
+        self.folder = repo_folder_name(repo_id)
+        self.repo_path = os.path.join(cache_dir, self.folder)
+        self.meta_root = self.repo_path
+        self.tree_roots = (self.repo_path,)
+        self.lock_dir = os.path.join(cache_dir, ".locks", self.folder)
+        self.lock_path = os.path.join(self.lock_dir, REPO_LOCK_NAME)
+
+    def snapshot(self, commit: str) -> str:
+        return os.path.join(self.repo_path, "snapshots", commit)
+
+    def locate(self, commit: str, path: str) -> str:
+        return os.path.join(self.snapshot(commit), *path.split("/"))
+
+    def blob(self, entry: dict) -> str:
+        return os.path.join(self.repo_path, "blobs", entry.get("lfs_sha256") or entry["blob_id"])
+
+    def unit(self, path: str, entry: dict) -> str:
+        return entry.get("lfs_sha256") or entry["blob_id"]
+
+    def present(self, commit: str, path: str, entry: dict) -> bool:
+        return os.path.exists(self.locate(commit, path))
+
+    def needs_transfer(self, commit: str, path: str, entry: dict) -> bool:
+        return not os.path.exists(self.blob(entry))
+
+    def name_problem(self, commit: str, path: str, entry: dict) -> str:
+        """A pointer that leads to a blob of another name: stored under a wrong ETag."""
+        pointer = self.locate(commit, path)
+        if not os.path.islink(pointer):
+            return ""
+        target = os.path.basename(os.readlink(pointer))
+        expected = entry.get("lfs_sha256") or entry["blob_id"]
+        if target != expected:
+            return "stored as blob %s, expected %s (a wrong ETag)" % (target, expected)
+        return ""
+
+    def remove(self, commit: str, path: str, entry: dict) -> list:
+        """Delete a bad file: its snapshot link and the blob it leads to (within this repo)."""
+        removed = []
+        pointer = self.locate(commit, path)
+        blobs_dir = os.path.join(self.repo_path, "blobs") + os.sep
+        targets = [self.blob(entry)]
+        if os.path.islink(pointer):
+            target = os.path.normpath(os.path.join(os.path.dirname(pointer), os.readlink(pointer)))
+            if target.startswith(blobs_dir):
+                targets.append(target)
+        for p in [pointer] + targets:
+            if os.path.lexists(p):
+                os.unlink(p)
+                removed.append(p)
+        return removed
+
+    def read_ref(self, revision: str):
+        try:
+            with open(os.path.join(self.repo_path, "refs", *revision.split("/")), encoding="utf-8") as fh:
+                ref = fh.read().strip()
+        except OSError:
+            return None
+        return ref if COMMIT_RE.match(ref) else None
+
+    def download_args(self) -> dict:
+        return {"cache_dir": self.root}
+
+    def extra_files(self, wanted: dict, limit: int = 20) -> list:
+        return []
+
+
+class LocalDirLayout:
+    """A plain folder (``local_dir``): files in place, huggingface_hub's metadata under .cache/."""
+
+    kind = "local_dir"
+
+    def __init__(self, local_dir: str, repo_id: str):
+        self.root = local_dir
+        self.meta_root = os.path.join(local_dir, ".cache", "huggingface")
+        self.tree_roots = (self.meta_root,)
+        self.lock_dir = os.path.join(self.meta_root, "download")
+        self.lock_path = os.path.join(self.lock_dir, LOCAL_LOCK_NAME)
+
+    def snapshot(self, commit: str) -> str:
+        return self.root
+
+    def locate(self, commit: str, path: str) -> str:
+        return os.path.join(self.root, *path.split("/"))
+
+    def unit(self, path: str, entry: dict) -> str:
+        return path
+
+    def present(self, commit: str, path: str, entry: dict) -> bool:
+        return os.path.isfile(self.locate(commit, path))
+
+    def needs_transfer(self, commit: str, path: str, entry: dict) -> bool:
+        return True
+
+    def name_problem(self, commit: str, path: str, entry: dict) -> str:
+        return ""
+
+    def metadata(self, path: str) -> str:
+        return os.path.join(self.lock_dir, *path.split("/")) + ".metadata"
+
+    def remove(self, commit: str, path: str, entry: dict) -> list:
+        removed = []
+        for p in (self.locate(commit, path), self.metadata(path)):
+            if os.path.lexists(p):
+                os.unlink(p)
+                removed.append(p)
+        return removed
+
+    def read_ref(self, revision: str):
+        return None
+
+    def download_args(self) -> dict:
+        return {"local_dir": self.root}
+
+    def extra_files(self, wanted: dict, limit: int = 20) -> list:
+        """Files in the folder that the snapshot does not have (left by another commit or by hand)."""
+        extra = []
+        for dirpath, dirs, files in os.walk(self.root):
+            if dirpath == self.root and ".cache" in dirs:
+                dirs.remove(".cache")
+            for name in files:
+                rel = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if rel not in wanted:
+                    extra.append(rel)
+                    if len(extra) >= limit:
+                        return extra
+        return extra
+
+
+def nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def available_bytes(path: str) -> int:
+    st = os.statvfs(nearest_existing(path))
+    return st.f_bavail * st.f_frsize
+
+
+def writable_problem(path: str, probe: bool) -> str:
+    """Why files cannot be created under ``path`` ('' when they can).
+
+    ``probe`` creates and removes a temporary file in the nearest existing folder (the only test
+    that is right for root, read-only mounts and ACLs); without it (check mode) os.access decides.
+    """
+    base = nearest_existing(path)
+    if not os.path.isdir(base):
+        return "%s is not a directory" % base
+    if not probe:
+        if not os.access(base, os.W_OK | os.X_OK):
+            return "%s is not writable by uid %d" % (base, os.getuid())
+        try:
+            if os.statvfs(base).f_flag & os.ST_RDONLY:
+                return "%s is on a read-only file system" % base
+        except OSError:
+            pass
+        return ""
+    try:
+        fd = os.open(os.path.join(base, ".modelswap-write-test.%d" % os.getpid()),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(os.path.join(base, ".modelswap-write-test.%d" % os.getpid()))
+    except OSError as exc:
+        return "cannot create files in %s (%s)" % (base, exc.strerror or exc)
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# locks and orphans
+# --------------------------------------------------------------------------------------------
+class RepoLock:
+    """An exclusive flock on one file, held for a whole download; tells who holds it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = None
+
+    def holder(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                info = json.load(fh)
+            return "pid %s on %s since %s" % (info.get("pid"), info.get("host"), info.get("since"))
+        except (OSError, ValueError, AttributeError):
+            return "another process"
+
+    def acquire(self, timeout: float, poll: float = 0.5, on_wait=None) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        waited = False
+        while True:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o664)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in _CONTENTION:
+                    raise
+                if time.monotonic() >= deadline:
+                    return False
+                if on_wait is not None and not waited:
+                    on_wait(self.holder())
+                waited = True
+                time.sleep(poll)
+                continue
+            st = os.fstat(fd)
+            try:
+                cur = os.stat(self.path)
+            except FileNotFoundError:
+                cur = None
+            if st.st_nlink == 0 or cur is None or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
+                os.close(fd)   # unlinked or replaced while we waited: lock the file that is there now
+                continue
+            info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info.encode() + b"\n", 0)
+            self.fd = fd
+            return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, 0)
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+
+def _incompletes(directory: str, recursive: bool) -> list:
+    found = []
+    stack = [directory]
+    while stack:
+        cur = stack.pop()
+        try:
+            it = os.scandir(cur)
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    if recursive:
+                        stack.append(entry.path)
+                elif entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
+                    found.append(entry.path)
+    return sorted(found)
+
+
+def _lock_names(directory: str, skip: str) -> list:
+    names = []
+    for dirpath, _dirs, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if name.endswith(".lock") and path != skip and not os.path.islink(path):
+                names.append(os.path.relpath(path, directory))
+    return sorted(names)
+
+
+def clean_orphans(layout) -> tuple:
+    """Remove partial files of killed runs: ([(path, bytes)] removed, [path] left because busy).
+
+    Call only while holding the repository lock. Cache: ``blobs/<etag>.<random>.incomplete`` goes
+    when its lock ``.locks/<folder>/<etag>.lock`` can be taken (nobody downloads that blob now).
+    local_dir: the partial files under ``.cache/huggingface/download`` go only when no per-file
+    lock there is held (their lock names cannot be derived from the partial file's name).
+    """
+    removed, busy = [], []
+    if layout.kind == "cache":
+        orphans = _incompletes(os.path.join(layout.repo_path, "blobs"), recursive=False)
+        if not orphans:
+            return removed, busy
+        holder = LockSet(layout.lock_dir)
+        try:
+            for path in orphans:
+                etag = os.path.basename(path).split(".", 1)[0]
+                if not holder.acquire(etag + ".lock"):
+                    busy.append(path)
+                    continue
+                size = _size(path)
+                try:
+                    os.unlink(path)
+                    removed.append((path, size))
+                except FileNotFoundError:
+                    pass
+        finally:
+            holder.release()
+        return removed, busy
+    orphans = _incompletes(layout.lock_dir, recursive=True)
+    if not orphans:
+        return removed, busy
+    holder = LockSet(layout.lock_dir)
+    try:
+        for name in _lock_names(layout.lock_dir, layout.lock_path):
+            if not holder.acquire(name):
+                return removed, orphans
+        for path in orphans:
+            size = _size(path)
+            try:
+                os.unlink(path)
+                removed.append((path, size))
+            except FileNotFoundError:
+                pass
+    finally:
+        holder.release()
+    return removed, busy
+
+
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
+# selection
+# --------------------------------------------------------------------------------------------
+def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit: str) -> dict:
+    """{path: entry} kept by the patterns; FetchError when nothing is kept."""
+    if not listing:
+        raise FetchError("%s@%s has no files; check the repo id and the revision" % (repo_id, commit),
+                         "empty_repo")
+    kept = filter_paths(sorted(listing), allow_patterns or None, ignore_patterns or None)
+    if not kept:
+        raise FetchError(
+            "the patterns (allow_patterns=%s, ignore_patterns=%s) match none of the %d files of %s@%s "
+            "(e.g. %s); fix the patterns" % (
+                json.dumps(allow_patterns or None), json.dumps(ignore_patterns or None), len(listing),
+                repo_id, commit[:12], ", ".join(sorted(listing)[:5])), "no_match")
+    return {p: listing[p] for p in kept}
+
+
+def listing_from_hub(files, hf) -> dict:
+    out = {}
+    for f in files:
+        if not isinstance(f, hf.RepoFile):
+            continue
+        entry = {"size": int(f.size), "blob_id": f.blob_id}
+        lfs = getattr(f, "lfs", None)
+        if lfs is not None:
+            sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+            if sha:
+                entry["lfs_sha256"] = sha
+        if getattr(f, "xet_hash", None):
+            entry["xet_hash"] = f.xet_hash
+        out[f.path] = entry
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the job
+# --------------------------------------------------------------------------------------------
+DEFAULTS = dict(
+    revision="main", cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
+    token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
+    use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
+    progress=None,
+)
+
+
+class SnapshotJob:
+    """One hf_snapshot run. ``plan()`` reads only; ``execute()`` writes (and needs ``plan()``)."""
+
+    def __init__(self, repo_id: str, *, hf=None, **opts):
+        unknown = set(opts) - set(DEFAULTS)
+        if unknown:
+            raise TypeError("unknown options: %s" % ", ".join(sorted(unknown)))
+        self.o = dict(DEFAULTS, **opts)
+        self.repo_id = repo_id
+        self.revision = self.o["revision"] or "main"
+        self.hf = hf
+        self.progress = self.o["progress"]
+        self.token = self.o["token"] or None
+        self.stop = threading.Event()
+        self.library_log = _LibraryLog()
+        self.timings = {}
+        self.api = None
+        self.layout = None
+        self.commit = None
+        self.listing = None
+        self.listing_source = None
+        self.wanted = None
+        self.manifest = None
+        self.manifest_file = None
+        self.resolved_by = None
+        self.requests_made = False
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def where(self) -> str:
+        endpoint = self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+        return "the Hub at %s" % endpoint.rstrip("/")
+
+    def _p(self, **fields):
+        if self.progress is not None:
+            self.progress.set(**fields)
+
+    def _fail(self, exc, what: str) -> FetchError:
+        return classify(exc, self.hf, repo_id=self.repo_id, revision=self.revision, where=self.where,
+                        token_given=bool(self.token), what=what, dest=self.layout.root if self.layout else "")
+
+    def _backoff(self, attempt: int) -> float:
+        return min(MAX_BACKOFF_S, float(self.o["retry_delay"]) * (2 ** (attempt - 1)))
+
+    def _retrying(self, fn, what: str):
+        attempts = max(1, int(self.o["retries"]) + 1)
+        for attempt in range(1, attempts + 1):
+            if self.stop.is_set():
+                raise Cancelled(what)
+            try:
+                return fn()
+            except Cancelled:
+                raise
+            except Exception as exc:  # classified below; nothing is swallowed
+                err = exc if isinstance(exc, FetchError) else self._fail(exc, what)
+                if not err.transient or attempt == attempts:
+                    if err.transient:
+                        err = FetchError("%s (gave up after %d attempts)" % (err, attempt), err.cause)
+                    raise err from None
+                delay = self._backoff(attempt)
+                self.library_log.note("retry %d/%d of %s in %.1fs: %s" % (attempt, attempts - 1, what, delay, err))
+                if self.stop.wait(delay):
+                    raise Cancelled(what)
+
+    # ---------------------------------------------------------------- read-only steps
+    def setup(self) -> None:
+        """Validate the options and build the layout (no network, no writes)."""
+        try:
+            validate_repo_id(self.repo_id)
+        except StoreError as exc:
+            raise FetchError("%s; fix repo_id (the catalog's repo_id)" % exc, "bad_repo_id")
+        if not self.revision.strip() or ".." in self.revision.split("/") or self.revision.startswith("/"):
+            raise FetchError("revision %r is malformed; use a commit hash, a branch or a tag" % self.revision,
+                             "bad_revision")
+        # resolved as huggingface_hub resolves them, so paths and locks agree with the library's
+        if self.o["local_dir"]:
+            self.layout = LocalDirLayout(os.path.realpath(os.path.expanduser(self.o["local_dir"])), self.repo_id)
+        else:
+            cache = self.o["cache_dir"] or self.hf.constants.HF_HUB_CACHE
+            self.layout = CacheLayout(os.path.realpath(os.path.expanduser(cache)), self.repo_id)
+        if self.api is None and self.hf is not None:
+            self.api = self.hf.HfApi(endpoint=self.o["endpoint"] or None, token=self.token or False,
+                                     library_name="modelswap")
+        logger = logging.getLogger("huggingface_hub")
+        if self.library_log not in logger.handlers:
+            logger.addHandler(self.library_log)
+            logger.propagate = False
+
+    def resolve(self) -> str:
+        self._p(state="resolving")
+        if COMMIT_RE.match(self.revision):
+            self.commit, self.resolved_by = self.revision, "pinned"
+            return self.commit
+        if self.o["offline"]:
+            ref = self.layout.read_ref(self.revision)
+            if ref is None:
+                ref = self._manifest_revision(self.revision)
+            if ref is None:
+                raise FetchError(
+                    "offline: revision %r of %s is not a commit and no cached ref or manifest names its "
+                    "commit under %s; pin the commit or run with network access"
+                    % (self.revision, self.repo_id, self.layout.root), "offline")
+            self.commit, self.resolved_by = ref, "cache"
+            return ref
+        self.requests_made = True
+        info = self._retrying(lambda: self.api.repo_info(self.repo_id, revision=self.revision),
+                              "resolving %s@%s" % (self.repo_id, self.revision))
+        if not info.sha or not COMMIT_RE.match(info.sha):
+            raise FetchError("resolving %s@%s: %s returned no commit" % (self.repo_id, self.revision, self.where),
+                             "http_error")
+        self.commit, self.resolved_by = info.sha, "hub"
+        return self.commit
+
+    def _manifest_revision(self, revision: str):
+        directory = os.path.join(self.layout.meta_root, "modelswap")
+        best = None
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return None
+        for name in names:
+            data = mf.read_manifest(os.path.join(directory, name), self.repo_id, name[:-5])
+            if data and data.get("revision") == revision:
+                if best is None or data.get("verified_at", "") > best.get("verified_at", ""):
+                    best = data
+        return best["commit"] if best else None
+
+    def load_manifest(self) -> None:
+        self.manifest_file = mf.manifest_path(self.layout.meta_root, self.commit)
+        self.manifest = mf.read_manifest(self.manifest_file, self.repo_id, self.commit)
+
+    def load_listing(self) -> dict:
+        """The commit's files: from the manifest, huggingface_hub's tree cache, or the Hub."""
+        if self.manifest is not None:
+            self.listing, self.listing_source = self.manifest["listing"], "manifest"
+            return self.listing
+        for root in self.layout.tree_roots:
+            tree = mf.read_tree(root, self.commit)
+            if tree is not None:
+                self.listing, self.listing_source = tree, "tree_cache"
+                return tree
+        if self.o["offline"]:
+            raise FetchError(
+                "offline: no manifest and no cached file list of %s@%s under %s; run once with network "
+                "access" % (self.repo_id, self.commit, self.layout.root), "offline")
+        self.requests_made = True
+        self._p(state="resolving")
+        files = self._retrying(
+            lambda: list(self.api.list_repo_tree(self.repo_id, revision=self.commit, recursive=True)),
+            "listing the files of %s@%s" % (self.repo_id, self.commit[:12]))
+        self.listing, self.listing_source = listing_from_hub(files, self.hf), "hub"
+        return self.listing
+
+    def plan(self) -> dict:
+        """What a run would do: {"noop", "fetch": [paths], "verify": [paths], "bytes_to_fetch", ...}."""
+        started = time.monotonic()
+        self.resolve()
+        self.load_manifest()
+        self.load_listing()
+        self.wanted = select(self.listing, self.o["allow_patterns"], self.o["ignore_patterns"],
+                             self.repo_id, self.commit)
+        plan = self._plan_files()
+        self.timings["plan_s"] = time.monotonic() - started
+        return plan
+
+    def _plan_files(self) -> dict:
+        mode = self.o["verify"]
+        locate = lambda p: self.layout.locate(self.commit, p)  # noqa: E731
+        ok, stale = mf.covers(self.manifest, self.wanted, locate, mode)
+        todo = sorted(self.wanted) if self.o["reverify"] else stale
+        fetch, verify = [], []
+        for path in todo:
+            entry = self.wanted[path]
+            if self.layout.present(self.commit, path, entry):
+                verify.append(path)
+            else:
+                fetch.append(path)
+        units = {}
+        for path in fetch:
+            entry = self.wanted[path]
+            if self.layout.needs_transfer(self.commit, path, entry):
+                units[self.layout.unit(path, entry)] = int(entry["size"])
+        return {
+            "noop": ok and not self.o["reverify"],
+            "manifest_ok": ok,
+            "fetch": fetch,
+            "verify": verify,
+            "bytes_to_fetch": sum(units.values()),
+            "stale": stale,
+        }
+
+    def stale_files(self) -> list:
+        """Selected files the current manifest does not vouch for (one stat each)."""
+        return self._plan_files()["stale"]
+
+    def probe_access(self, path: str) -> None:
+        """One HEAD for ``path`` (check mode): access, gating and availability, no body."""
+        if self.hf.get_hf_file_metadata is None or self.hf.hf_hub_url is None:
+            return
+        url = self.hf.hf_hub_url(self.repo_id, path, revision=self.commit,
+                                 endpoint=self.o["endpoint"] or None)
+        self.requests_made = True
+        self._retrying(lambda: self.hf.get_hf_file_metadata(url, token=self.token or False,
+                                                            timeout=float(self.o["timeout"])),
+                       "checking access to %s of %s@%s" % (path, self.repo_id, self.commit[:12]))
+
+    # ---------------------------------------------------------------- the work
+    def execute(self, plan: dict) -> dict:
+        """Download and verify under the repository lock; returns what happened."""
+        layout = self.layout
+        problem = writable_problem(layout.root, probe=True)
+        if problem:
+            raise FetchError("cannot download %s into %s: %s; choose a writable %s or run the task "
+                             "with become" % (self.repo_id, layout.root,
+                                              problem, "local_dir" if layout.kind == "local_dir" else "cache_dir"),
+                             "not_writable")
+        try:
+            os.makedirs(layout.root, exist_ok=True)
+        except OSError as exc:
+            raise FetchError("cannot create %s: %s; create it or choose another destination"
+                             % (layout.root, exc.strerror or exc), "not_writable")
+        started = time.monotonic()
+        lock = RepoLock(layout.lock_path)
+        self._p(state="waiting")
+        got = lock.acquire(float(self.o["lock_timeout"]),
+                           on_wait=lambda who: self._p(state="waiting", error=None, lock_holder=who))
+        if not got:
+            raise FetchError(
+                "another download of %s into %s holds %s (%s) for more than %ds; wait for it to end, or "
+                "stop it, then run again" % (self.repo_id, layout.root, layout.lock_path, lock.holder(),
+                                              int(self.o["lock_timeout"])), "locked")
+        self.timings["lock_s"] = time.monotonic() - started
+        try:
+            return self._execute_locked(plan)
+        finally:
+            lock.release()
+
+    def _execute_locked(self, plan: dict) -> dict:
+        layout = self.layout
+        out = {"orphans_removed": [], "orphans_busy": [], "files_downloaded": 0, "bytes_downloaded": 0,
+               "refetched": [], "verified": {}, "verify_failures": [], "verified_bytes": 0,
+               "hashed_bytes": 0, "verify_seconds": 0.0, "download_seconds": 0.0}
+        # another run may have finished while we waited for the lock
+        self.load_manifest()
+        if self.manifest is not None:
+            plan = self._plan_files()
+            if plan["noop"]:
+                out["noop"] = True
+                return out
+        self._p(state="cleaning")
+        started = time.monotonic()
+        removed, busy = clean_orphans(layout)
+        out["orphans_removed"] = [{"path": p, "bytes": b} for p, b in removed]
+        out["orphans_busy"] = busy
+        if layout.kind == "cache":
+            mf.write_tree(layout.repo_path, self.commit, self.listing)
+            if self.resolved_by == "hub":
+                mf.write_ref(layout.repo_path, self.revision, self.commit)
+        needed = plan["bytes_to_fetch"]
+        free = available_bytes(layout.root)
+        if needed > free:
+            raise FetchError(
+                "not enough space for %s@%s under %s: %d bytes to download, %d available; free space "
+                "(disk_plan proposes what to purge, model_purge removes it) or choose another %s; "
+                "nothing was downloaded" % (self.repo_id, self.commit[:12], layout.root, needed, free,
+                                            "local_dir" if layout.kind == "local_dir" else "cache_dir"),
+                "disk_full")
+        self.timings["prepare_s"] = time.monotonic() - started
+        started = time.monotonic()
+        try:
+            self._transfer_and_verify(plan, out)
+        finally:
+            self.timings["transfer_s"] = time.monotonic() - started
+        return out
+
+    def _fetch_unit(self, paths: list) -> int:
+        """hf_hub_download of each path (one unit: the paths that share a blob); returns count."""
+        args = self.layout.download_args()
+        self.requests_made = True
+        bar = self.progress.bar_class() if self.progress is not None else None
+        for path in paths:
+            what = "downloading %s of %s@%s" % (path, self.repo_id, self.commit[:12])
+            self._retrying(lambda: self.hf.hf_hub_download(
+                self.repo_id, path, revision=self.commit, endpoint=self.o["endpoint"] or None,
+                token=self.token or False, etag_timeout=float(self.o["timeout"]), tqdm_class=bar,
+                library_name="modelswap", **args), what)
+            if self.progress is not None:
+                self.progress.add(files_done=1)
+        return len(paths)
+
+    def _verify_unit(self, paths: list, verifier) -> dict:
+        path0 = paths[0]
+        entry = self.wanted[path0]
+        for path in paths:
+            problem = self.layout.name_problem(self.commit, path, entry)
+            if problem:
+                return {"ok": False, "reason": problem, "hashed": 0, "size": entry["size"],
+                        "algo": hv.expected_digest(entry)[0], "digest": None, "seconds": 0.0}
+        return hv.check_file(self.layout.locate(self.commit, path0), entry, verifier.mode,
+                             cancel=verifier.cancel)
+
+    def _transfer_and_verify(self, plan: dict, out: dict) -> None:
+        layout = self.layout
+        units = {}
+        for path in plan["fetch"] + plan["verify"]:
+            units.setdefault(layout.unit(path, self.wanted[path]), []).append(path)
+        fetch_units = {}
+        for path in plan["fetch"]:
+            fetch_units.setdefault(layout.unit(path, self.wanted[path]), []).append(path)
+        verify_units = [u for u in units if u not in fetch_units]
+        self._p(state="downloading" if fetch_units else "verifying", files_total=len(plan["fetch"]),
+                bytes_total=plan["bytes_to_fetch"], files_done=0, bytes_done=0)
+        workers = max(1, int(self.o["workers"]))
+        verifier = hv.Verifier(int(self.o["verify_workers"]) or 0, self.o["verify"])
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-download")
+        pending = {}
+        refetched = set()
+        failures = []
+        first_fetch = last_fetch = first_verify = last_verify = None
+        started = time.monotonic()
+
+        def submit_fetch(unit):
+            nonlocal first_fetch
+            first_fetch = first_fetch or time.monotonic()
+            pending[pool.submit(self._fetch_unit, units[unit])] = ("fetch", unit)
+
+        def submit_verify(unit):
+            nonlocal first_verify
+            first_verify = first_verify or time.monotonic()
+            pending[verifier.run(self._verify_unit, units[unit], verifier)] = ("verify", unit)
+
+        for unit in fetch_units:
+            submit_fetch(unit)
+        for unit in verify_units:
+            submit_verify(unit)
+        try:
+            while pending:
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    kind, unit = pending.pop(fut)
+                    paths = units[unit]
+                    if fut.cancelled():
+                        continue
+                    try:
+                        res = fut.result()
+                    except (Cancelled, hv.Cancelled):
+                        continue
+                    except FetchError as exc:
+                        failures.append(exc)
+                        self._stop_all(pending, verifier)
+                        continue
+                    except Exception as exc:  # a bug or an unexpected library error: report it
+                        failures.append(self._fail(exc, "%s of %s" % (kind, paths[0])))
+                        self._stop_all(pending, verifier)
+                        continue
+                    if kind == "fetch":
+                        last_fetch = time.monotonic()
+                        out["files_downloaded"] += res
+                        if not self.stop.is_set():
+                            submit_verify(unit)
+                        continue
+                    last_verify = time.monotonic()
+                    out["hashed_bytes"] += res.get("hashed", 0)
+                    if res["ok"]:
+                        entry = self.wanted[paths[0]]
+                        st = os.stat(layout.locate(self.commit, paths[0]))
+                        for path in paths:
+                            out["verified"][path] = dict(mf.fingerprint(st), algo=res["algo"],
+                                                         digest=res["digest"] or hv.expected_digest(entry)[1])
+                        out["verified_bytes"] += int(entry["size"]) * len(paths)
+                        if self.progress is not None:
+                            self.progress.add(verified_files=len(paths), verified_bytes=int(entry["size"]))
+                        continue
+                    # a mismatch: delete the bad file(s); fetch once more, or give up
+                    for path in paths:
+                        layout.remove(self.commit, path, self.wanted[path])
+                    if unit in refetched or self.stop.is_set():
+                        out["verify_failures"].append({"path": paths[0], "reason": res["reason"]})
+                        failures.append(FetchError(
+                            "verifying %s of %s@%s failed after a fresh download: %s; the file was "
+                            "deleted and nothing was recorded as verified; %s serves content that does not "
+                            "match its own metadata: report it to the repository's owner or the mirror's "
+                            "operator, then run again"
+                            % (paths[0], self.repo_id, self.commit[:12], res["reason"], self.where),
+                            "corrupt"))
+                        self._stop_all(pending, verifier)
+                        continue
+                    if self.o["offline"]:
+                        out["verify_failures"].append({"path": paths[0], "reason": res["reason"]})
+                        failures.append(FetchError(
+                            "verifying %s of %s@%s failed: %s; the file was deleted and must be downloaded "
+                            "again, which offline mode forbids: run with network access"
+                            % (paths[0], self.repo_id, self.commit[:12], res["reason"]), "offline"))
+                        self._stop_all(pending, verifier)
+                        continue
+                    refetched.add(unit)
+                    out["refetched"].append({"path": paths[0], "reason": res["reason"]})
+                    self.library_log.note("re-fetching %s: %s" % (paths[0], res["reason"]))
+                    if self.progress is not None:
+                        self.progress.add(bytes_total=int(self.wanted[paths[0]]["size"]),
+                                          files_total=len(paths))
+                    submit_fetch(unit)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            verifier.shutdown(cancel=bool(failures))
+        if self.progress is not None:
+            out["bytes_downloaded"] = self.progress.data.get("bytes_transferred") or \
+                self.progress.data.get("bytes_done", 0)
+        out["download_seconds"] = (last_fetch - first_fetch) if first_fetch and last_fetch else 0.0
+        out["verify_seconds"] = (last_verify - first_verify) if first_verify and last_verify else 0.0
+        out["pipeline_seconds"] = time.monotonic() - started
+        if failures:
+            first = failures[0]
+            others = len(failures) - 1
+            if others:
+                first = FetchError("%s (and %d more failure%s)" % (first, others, "s" if others > 1 else ""),
+                                   first.cause)
+            first.partial = out
+            raise first
+
+    def _stop_all(self, pending: dict, verifier) -> None:
+        self.stop.set()
+        for fut in list(pending):
+            if fut.cancel():
+                pending.pop(fut, None)
+
+    # ---------------------------------------------------------------- manifest
+    def write_manifest(self, verified: dict) -> dict:
+        """The new manifest: still-valid records of the old one plus what was verified now."""
+        files = {}
+        if self.manifest is not None:   # records that still hold, also of files other patterns chose
+            locate = lambda p: self.layout.locate(self.commit, p)  # noqa: E731
+            for path, rec in self.manifest["files"].items():
+                if path in self.listing and path not in verified:
+                    ok, _ = mf.covers(self.manifest, {path: self.listing[path]}, locate, self.o["verify"])
+                    if ok:
+                        files[path] = rec
+        files.update(verified)
+        missing = sorted(set(self.wanted) - set(files))
+        if missing:
+            raise FetchError("internal: %d selected files were neither verified nor vouched for (e.g. %s); "
+                             "run again" % (len(missing), missing[0]), "error")
+        manifest = mf.build_manifest(
+            repo_id=self.repo_id, revision=self.revision, commit=self.commit,
+            endpoint=(self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT),
+            layout=self.layout.kind, snapshot=self.layout.snapshot(self.commit), listing=self.listing,
+            verified=files, mode=self.o["verify"],
+            patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},
+            tool={"huggingface_hub": getattr(self.hf, "version", None), "module": "modelswap.vllm.hf_snapshot"})
+        started = time.monotonic()
+        mf.atomic_write_json(self.manifest_file, manifest)
+        self.timings["manifest_s"] = time.monotonic() - started
+        if self.layout.kind == "local_dir":
+            mf.remove_other_manifests(self.layout.meta_root, self.commit)
+        self.manifest = manifest
+        return manifest

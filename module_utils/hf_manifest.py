@@ -1,0 +1,297 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""The verified manifest of a snapshot, the cache's tree listing, refs, and the deployment record.
+
+A manifest says: these files of ``repo_id@commit`` were verified (full content or sizes) at this
+time, and this is how each looked on disk then (size, inode, mtime). It lives next to the
+snapshot, outside the folders huggingface_hub scans:
+
+- cache mode: ``<cache>/models--org--name/modelswap/<commit>.json``
+- local_dir mode: ``<local_dir>/.cache/huggingface/modelswap/<commit>.json``
+
+It also keeps the commit's whole tree listing (sizes and digests of every file), so a later run
+can select files by other patterns and re-verify with no network at all. ``covers`` decides, with
+one ``stat`` per file, whether a manifest still vouches for the files a run wants: a file that was
+replaced, rewritten or removed since no longer matches and is verified (or fetched) again.
+
+Every write is a temporary file in the same folder, fsynced, then renamed over the target. Nothing
+here ever holds a token. Pure stdlib: unit-tested directly.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+
+FORMAT = "modelswap.hf_snapshot/1"
+TREE_FORMAT_VERSION = 1          # huggingface_hub's trees/<commit>.json format
+MODE_RANK = {"size": 1, "full": 2}
+
+
+class ManifestError(Exception):
+    """A record that exists but cannot be used (message is final)."""
+
+
+def atomic_write_json(path: str, data, mode: int = 0o644) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: str):
+    """The JSON at ``path``; None when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# manifests
+# --------------------------------------------------------------------------------------------
+def manifest_path(meta_root: str, commit: str) -> str:
+    return os.path.join(meta_root, "modelswap", commit + ".json")
+
+
+def fingerprint(st) -> dict:
+    """What identifies a file's content on disk without reading it."""
+    return {"size": st.st_size, "ino": st.st_ino, "dev": st.st_dev, "mtime_ns": st.st_mtime_ns}
+
+
+def build_manifest(*, repo_id: str, revision: str, commit: str, endpoint: str, layout: str,
+                   snapshot: str, listing: dict, verified: dict, mode: str, patterns: dict,
+                   tool: dict) -> dict:
+    """``verified``: {path: {"algo", "digest", "size", "ino", "dev", "mtime_ns"}}."""
+    return {
+        "format": FORMAT,
+        "repo_id": repo_id,
+        "revision": revision,
+        "commit": commit,
+        "endpoint": endpoint,
+        "layout": layout,
+        "snapshot": snapshot,
+        "verify": mode,
+        "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "patterns": patterns,
+        "files": verified,
+        "bytes": sum(int(v["size"]) for v in verified.values()),
+        "listing": listing,
+        "tool": tool,
+    }
+
+
+def read_manifest(path: str, repo_id: str, commit: str):
+    """A usable manifest of ``repo_id@commit`` at ``path``, or None (absent, foreign, damaged)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    if data.get("repo_id") != repo_id or data.get("commit") != commit:
+        return None
+    if not isinstance(data.get("files"), dict) or not isinstance(data.get("listing"), dict):
+        return None
+    return data
+
+
+def covers(manifest, wanted: dict, locate, mode: str) -> tuple:
+    """Whether ``manifest`` vouches for every file in ``wanted`` ({path: tree entry}).
+
+    ``locate(path)`` gives the file to stat (symlinks are followed). Returns
+    ``(ok, stale_paths)``: ``stale_paths`` lists the files that must be verified again.
+    """
+    if manifest is None:
+        return False, sorted(wanted)
+    strong_enough = MODE_RANK.get(manifest.get("verify"), 0) >= MODE_RANK[mode]
+    stale = []
+    files = manifest["files"]
+    for path, entry in wanted.items():
+        rec = files.get(path)
+        if not strong_enough or rec is None:
+            stale.append(path)
+            continue
+        want_algo, want_digest = ("sha256", entry["lfs_sha256"]) if entry.get("lfs_sha256") else \
+            ("git-sha1", entry["blob_id"])
+        if int(rec.get("size", -1)) != int(entry["size"]):
+            stale.append(path)
+            continue
+        if manifest.get("verify") == "full" and (rec.get("algo"), rec.get("digest")) != (want_algo, want_digest):
+            stale.append(path)
+            continue
+        try:
+            st = os.stat(locate(path))
+        except OSError:
+            stale.append(path)
+            continue
+        if fingerprint(st) != {k: rec.get(k) for k in ("size", "ino", "dev", "mtime_ns")}:
+            stale.append(path)
+    return not stale, sorted(stale)
+
+
+def remove_other_manifests(meta_root: str, keep_commit: str) -> list:
+    """Drop the manifests of other commits (local_dir mode: one commit lives in a folder)."""
+    removed = []
+    directory = os.path.join(meta_root, "modelswap")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.endswith(".json") and name != keep_commit + ".json":
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+    return removed
+
+
+# --------------------------------------------------------------------------------------------
+# huggingface_hub's own metadata: trees/<commit>.json and refs/<revision>
+# --------------------------------------------------------------------------------------------
+def tree_path(tree_root: str, commit: str) -> str:
+    return os.path.join(tree_root, "trees", commit + ".json")
+
+
+def read_tree(tree_root: str, commit: str):
+    """{path: {"size", "blob_id", "lfs_sha256"?, "xet_hash"?}} from huggingface_hub's tree cache."""
+    try:
+        data = read_json(tree_path(tree_root, commit))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format_version") != TREE_FORMAT_VERSION:
+        return None
+    files = data.get("files")
+    if not isinstance(files, dict):
+        return None
+    out = {}
+    try:
+        for path, info in files.items():
+            entry = {"size": int(info["size"]), "blob_id": str(info["blob_id"])}
+            if info.get("lfs_sha256"):
+                entry["lfs_sha256"] = str(info["lfs_sha256"])
+            if info.get("xet_hash"):
+                entry["xet_hash"] = str(info["xet_hash"])
+            out[path] = entry
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return out
+
+
+def write_tree(tree_root: str, commit: str, listing: dict) -> bool:
+    """Write huggingface_hub's tree cache for ``commit`` if it is missing; True when written."""
+    path = tree_path(tree_root, commit)
+    if read_tree(tree_root, commit) is not None:
+        return False
+    files = {}
+    for name, entry in listing.items():
+        info = {"size": int(entry["size"]), "blob_id": entry["blob_id"]}
+        if entry.get("lfs_sha256"):
+            info["lfs_sha256"] = entry["lfs_sha256"]
+            info["lfs_size"] = int(entry["size"])
+        if entry.get("xet_hash"):
+            info["xet_hash"] = entry["xet_hash"]
+        files[name] = info
+    atomic_write_json(path, {"format_version": TREE_FORMAT_VERSION, "files": files})
+    return True
+
+
+def write_ref(repo_path: str, revision: str, commit: str) -> bool:
+    """Record ``refs/<revision>`` -> commit as huggingface_hub does; True when it changed."""
+    if revision == commit:
+        return False
+    path = os.path.join(repo_path, "refs", *revision.split("/"))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == commit:
+                return False
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ref.", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(commit)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# the host's deployment record
+# --------------------------------------------------------------------------------------------
+def fetched_entry(result: dict) -> dict:
+    """What the deployment record keeps about one fetched model (stable across no-op runs)."""
+    return {
+        "repo_id": result["repo_id"],
+        "revision": result["revision"],
+        "commit": result["commit"],
+        "path": result["snapshot_path"],
+        "files": result["files"],
+        "bytes": result["bytes_total"],
+        "verified": result["verification"]["mode"],
+        "verified_at": result["verification"]["verified_at"],
+        "manifest": result["manifest"],
+    }
+
+
+@contextlib.contextmanager
+def _record_lock(path: str):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def plan_record(path: str, name: str, entry: dict) -> tuple:
+    """(changed, before, after) of putting ``entry`` at ``fetched.<name>`` in the record at ``path``."""
+    try:
+        data = read_json(path)
+    except ValueError as exc:
+        raise ManifestError("the deployment record %s is not valid JSON (%s); fix or remove it" % (path, exc))
+    except OSError as exc:
+        raise ManifestError("cannot read the deployment record %s: %s" % (path, exc.strerror or exc))
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ManifestError("the deployment record %s is not a JSON object; fix or remove it" % path)
+    fetched = data.get("fetched")
+    if fetched is not None and not isinstance(fetched, dict):
+        raise ManifestError("the deployment record %s has a 'fetched' that is not a mapping; fix it" % path)
+    before = (fetched or {}).get(name)
+    return before != entry, before, entry
+
+
+def update_record(path: str, name: str, entry: dict) -> bool:
+    """Set ``fetched.<name>`` in the record at ``path`` (other keys kept); True when it changed."""
+    with _record_lock(path):
+        changed, _before, _after = plan_record(path, name, entry)
+        if not changed:
+            return False
+        data = read_json(path) or {}
+        data.setdefault("fetched", {})[name] = entry
+        atomic_write_json(path, data, mode=0o644)
+    return True

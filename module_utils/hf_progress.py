@@ -1,0 +1,315 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""Progress of a long download, written to a JSON file while it runs, and read back by a poller.
+
+An Ansible module cannot stream output, so hf_snapshot (started with ``async``/``poll: 0``)
+writes its progress every few seconds to a small JSON file, atomically; the model_fetch role
+polls it with hf_snapshot_progress and prints one line per host per interval::
+
+    {"id": "<run id>", "pid": 1234, "pid_start": "<clock ticks>", "state": "downloading",
+     "bytes_total": ..., "bytes_done": ..., "percent": 45.2, "rate_bps": ..., "eta_s": ...,
+     "files_total": 7, "files_done": 3, "verified_files": 2, "verified_bytes": ..., "line": "..."}
+
+``bytes_*`` count what must be fetched in this run (files already present are not counted, so
+the percentage and ETA speak of the transfer). The rate is measured over the last
+``RATE_WINDOW_S`` seconds. ``ProgressBar`` is the ``tqdm_class`` handed to huggingface_hub: the
+library creates one per file and reports bytes through ``update``/``update_transfer``.
+
+``pid`` with ``pid_start`` (the process start time from /proc) lets a reader tell a live writer
+from a dead one even after the pid is reused. Pure stdlib: unit-tested directly.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import time
+
+STATES = ("starting", "resolving", "waiting", "cleaning", "downloading", "verifying", "done", "failed")
+FINAL_STATES = ("done", "failed")
+RATE_WINDOW_S = 20.0
+
+
+def human_bytes(num) -> str:
+    num = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return "%d %s" % (num, unit) if unit == "B" else "%.1f %s" % (num, unit)
+        num /= 1024.0
+    return "%.1f TiB" % num  # pragma: no cover
+
+
+def human_duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "%d:%02d:%02d" % (hours, minutes, secs)
+
+
+def process_start(pid: int):
+    """The start time (clock ticks since boot) of process ``pid`` from /proc, or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after the last ')'
+    fields = data[data.rfind(")") + 2:].split()
+    try:
+        return fields[19]   # field 22 overall
+    except IndexError:
+        return None
+
+
+def format_line(p: dict) -> str:
+    """One human line for a progress snapshot."""
+    what = "%s@%s" % (p.get("repo_id") or "?", (p.get("commit") or p.get("revision") or "?")[:12])
+    state = p.get("state", "?")
+    if state == "waiting":
+        return "%s waiting for the repository lock (held by %s)" % (what, p.get("lock_holder") or "another download")
+    if state in ("starting", "resolving", "cleaning"):
+        return "%s %s" % (what, state)
+    parts = [what, state]
+    total = p.get("bytes_total") or 0
+    if state == "downloading" or (state in FINAL_STATES and total):
+        parts.append("%.1f%%" % (p.get("percent") or 0.0))
+        parts.append("%s of %s" % (human_bytes(p.get("bytes_done", 0)), human_bytes(total)))
+        if state == "downloading":
+            parts.append("%s/s" % human_bytes(p.get("rate_bps") or 0))
+            parts.append("ETA %s" % human_duration(p.get("eta_s")))
+    if p.get("files_total") or state != "done":
+        parts.append("%d/%d files" % (p.get("files_done", 0), p.get("files_total", 0)))
+    else:
+        parts.append("nothing to download")
+    if p.get("verified_files"):
+        parts.append("verified %d (%s)" % (p["verified_files"], human_bytes(p.get("verified_bytes", 0))))
+    if state == "failed" and p.get("error"):
+        parts.append("error: %s" % p["error"][:200])
+    return " ".join(parts)
+
+
+class Progress:
+    """Thread-safe counters of one run, and a writer thread that saves them every ``interval`` s."""
+
+    def __init__(self, path: str = "", *, run_id: str = "", interval: float = 5.0,
+                 clock=time.monotonic, wall=time.time):
+        self.path = path
+        self.interval = max(0.2, float(interval))
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._samples = collections.deque()
+        self._stop = threading.Event()
+        self._thread = None
+        self.started = clock()
+        self.data = {
+            "id": run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "state": "starting", "repo_id": None, "revision": None, "commit": None,
+            "bytes_total": 0, "bytes_done": 0, "bytes_transferred": 0,
+            "files_total": 0, "files_done": 0, "verified_files": 0, "verified_bytes": 0,
+            "started_at": wall(), "error": None,
+        }
+
+    # ---------------------------------------------------------------- counters
+    def set(self, **fields) -> None:
+        with self._lock:
+            moved = "state" in fields and fields["state"] != self.data.get("state")
+            self.data.update(fields)
+        if moved and self._thread is not None and not self._stop.is_set():
+            self.write()   # a new phase shows at once, not at the next tick
+
+    def add(self, **deltas) -> None:
+        with self._lock:
+            for key, value in deltas.items():
+                self.data[key] = self.data.get(key, 0) + value
+
+    def add_bytes(self, n: int) -> None:
+        """Bytes written to a file being fetched (may be negative when a transfer restarts)."""
+        with self._lock:
+            self.data["bytes_done"] = max(0, self.data["bytes_done"] + n)
+
+    def add_transfer(self, n: int) -> None:
+        with self._lock:
+            self.data["bytes_transferred"] = max(0, self.data["bytes_transferred"] + n)
+
+    def snapshot(self) -> dict:
+        now = self._clock()
+        with self._lock:
+            p = dict(self.data)
+            self._samples.append((now, p["bytes_done"]))
+            while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW_S:
+                self._samples.popleft()
+            first_t, first_b = self._samples[0]
+        span = now - first_t
+        rate = (p["bytes_done"] - first_b) / span if span > 0.5 else None
+        if rate is None:
+            elapsed = now - self.started
+            rate = p["bytes_done"] / elapsed if elapsed > 0.5 and p["bytes_done"] else 0.0
+        total = p["bytes_total"]
+        remaining = max(0, total - p["bytes_done"])
+        p["percent"] = round(min(100.0, 100.0 * p["bytes_done"] / total), 1) if total else (
+            100.0 if p["state"] == "done" else 0.0)
+        p["rate_bps"] = int(rate)
+        p["eta_s"] = int(remaining / rate) if rate > 0 and remaining else (0 if not remaining else None)
+        p["elapsed_s"] = round(now - self.started, 1)
+        p["updated"] = self._wall()
+        p["line"] = format_line(p)
+        return p
+
+    # ---------------------------------------------------------------- file
+    def write(self) -> dict:
+        p = self.snapshot()
+        if self.path:
+            with contextlib.suppress(OSError):
+                _atomic_write(self.path, p)
+        return p
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write()
+
+    def start(self) -> "Progress":
+        if self.path:
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            self.write()
+            self._thread = threading.Thread(target=self._run, name="hf-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def finish(self, state: str, error: str = "") -> dict:
+        """Stop the writer and save the final state (done or failed)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.set(state=state, error=error or None)
+        return self.write()
+
+    # ---------------------------------------------------------------- huggingface_hub
+    def bar_class(self):
+        """A ``tqdm_class`` for huggingface_hub that feeds this Progress."""
+        progress = self
+
+        class ProgressBar:
+            """Minimal tqdm stand-in (the interface snapshot_download's _AggregatedTqdm has)."""
+
+            def __init__(self, *args, **kwargs):
+                self.total = kwargs.get("total")
+                self.n = kwargs.get("initial") or 0
+                self.desc = kwargs.get("desc")
+                self.disable = False
+                self.format_dict = {"rate": None}
+                if self.n:
+                    progress.add_bytes(self.n)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def update(self, n=1):
+                n = int(n or 0)
+                self.n += n
+                progress.add_bytes(n)
+
+            def update_transfer(self, n=1):
+                progress.add_transfer(int(n or 0))
+
+            def set_postfix_str(self, *args, **kwargs):
+                pass
+
+            set_transfer_postfix_str = set_postfix_str
+            set_description = set_postfix_str
+            set_description_str = set_postfix_str
+
+            def refresh(self, *args, **kwargs):
+                pass
+
+            def reset(self, total=None):
+                self.total = total
+
+            def close(self):
+                pass
+
+        return ProgressBar
+
+
+def _atomic_write(path: str, data: dict) -> None:
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# the reader side (hf_snapshot_progress)
+# --------------------------------------------------------------------------------------------
+def job_finished(results_file: str):
+    """Whether the Ansible async job whose results file is ``results_file`` has ended.
+
+    async_wrapper writes ``{"started": ..., "finished": false}`` while the job runs and the
+    module's result (or its own failure) when it ends (what async_status reads). None: unknown.
+    """
+    if not results_file:
+        return None
+    try:
+        with open(os.path.expanduser(results_file), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None   # being written
+    if not isinstance(data, dict):
+        return None
+    return "started" not in data or bool(data.get("finished"))
+
+
+def read_progress(path: str, run_id: str = "", results_file: str = "", now=None) -> dict:
+    """What a poller reports: the writer's latest progress plus ``finished`` and ``alive``.
+
+    ``finished`` is true when the progress says done/failed, when the writer process is gone, or
+    when the async job has ended; then the poller stops and collects the job's result.
+    """
+    now = time.time() if now is None else now
+    out = {"finished": False, "alive": None, "state": "starting", "line": "", "age_s": None, "found": False}
+    data = None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and (not run_id or data.get("id") == run_id):
+        out.update(data)
+        out["found"] = True
+        out["age_s"] = round(now - float(data.get("updated") or now), 1)
+        pid = data.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            start = process_start(pid)
+            out["alive"] = start is not None and (data.get("pid_start") in (None, start))
+        if data.get("state") in FINAL_STATES:
+            out["finished"] = True
+        elif out["alive"] is False:
+            out["finished"] = True
+            out["line"] = "%s (the download process %s has ended without a final report)" % (
+                data.get("line") or "", pid)
+    else:
+        out["line"] = "waiting for the download to start"
+    done = job_finished(results_file)
+    if done:
+        out["finished"] = True
+    out["job_finished"] = done
+    return out
