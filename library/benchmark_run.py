@@ -1,0 +1,380 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: benchmark_run
+short_description: Run Locust at a rising concurrency ladder against an OpenAI-compatible server
+version_added: "0.1.0"
+description:
+  - Runs the benchmark role's locustfile headless, on the host the task runs on (the controller
+    by default), and leaves the raw per-request records (JSONL) under O(run_dir)C(/raw) for
+    M(modelswap.vllm.benchmark_report).
+  - The ladder is one Locust run driven by a C(LoadTestShape). Each step of O(concurrency) has a
+    ramp (O(ramp_s)), a discarded warm-up (O(warmup_s)), a measured window of at least
+    O(measure_s) that extends until it holds O(min_requests_per_user) requests per user (at most
+    O(measure_max_s) or O(max_requests_per_step)), and a drain during which the load is held
+    until every measured request has finished. Users are closed loops without wait time (C(-u C)
+    = C(vllm bench serve --max-concurrency C)).
+  - Stops early, and says so, when a step's error rate exceeds O(stop_error_rate), or when SLOs
+    are set (O(slo)) and fewer than O(stop_min_good_ratio) of its requests met all of them.
+  - Bounded - every step's phases have time limits, each request has O(request_timeout_s), and
+    Locust is killed (with its worker processes) when the whole run passes its time bound
+    (RV(bounds)). Requests in flight at the end are let finish, so the server's token counters
+    match the records.
+  - One load process by default; O(processes) forks Locust workers on this host
+    (C(--processes)); O(expect_workers) makes this a Locust master for workers on other hosts.
+options:
+  url:
+    description: Base URL of the server, without C(/v1).
+    type: str
+    required: true
+  model:
+    description: The served model name.
+    type: str
+    required: true
+  api:
+    description: C(chat) streams C(/v1/chat/completions), C(completions) streams C(/v1/completions).
+    type: str
+    choices: [chat, completions]
+    default: chat
+  api_key:
+    description: The server's API key; passed to Locust in its environment, never written or returned.
+    type: str
+  concurrency:
+    description: The ladder - rising positive numbers of concurrent streams.
+    type: list
+    elements: int
+    required: true
+  input_tokens:
+    description: Prompt length in tokens (approximate for text prompts, cut by O(words_per_token)).
+    type: int
+    default: 1024
+  output_tokens:
+    description: Output tokens per request (C(max_tokens) / C(max_completion_tokens)).
+    type: int
+    default: 128
+  ignore_eos:
+    description: Send C(ignore_eos) so every request produces O(output_tokens) (vLLM extension).
+    type: bool
+    default: true
+  prompt_source:
+    description: A natural-text file (prompts are windows of its words) or a JSONL file of
+      C({"prompt" - str}) or C({"messages" - [...]}) lines.
+    type: path
+    required: true
+  prompt_format:
+    description: C(text) or C(jsonl); by default from the file name (C(.jsonl) is JSONL).
+    type: str
+    choices: [text, jsonl]
+  words_per_token:
+    description: Words per token of the server's tokenizer (from M(modelswap.vllm.benchmark_probe)).
+    type: float
+    default: 0.75
+  prompt_overhead_tokens:
+    description: Tokens the server adds to every prompt (chat template).
+    type: int
+    default: 0
+  ramp_s:
+    description: Seconds over which each step's new users start.
+    type: float
+    default: 10
+  warmup_s:
+    description: Seconds after the ramp whose requests are discarded.
+    type: float
+    default: 10
+  measure_s:
+    description: The measured window's least length in seconds.
+    type: float
+    default: 60
+  measure_max_s:
+    description: The measured window's greatest length in seconds.
+    type: float
+    default: 300
+  min_requests_per_user:
+    description: The window extends (up to O(measure_max_s)) until it holds this many requests
+      per concurrent user.
+    type: float
+    default: 3
+  max_requests_per_step:
+    description: The window closes when this many requests were sent in it.
+    type: int
+    default: 200000
+  request_timeout_s:
+    description: A request that has not finished after this many seconds fails as C(timeout); it
+      also bounds each drain. Keep it well above the expected E2E latency at the top concurrency.
+    type: float
+    default: 600
+  slo:
+    description: Latency objectives per request in ms (C(ttft_ms), C(tpot_ms), C(e2el_ms));
+      a request meets them when it meets every one set (vLLM's goodput).
+    type: dict
+    default: {}
+  stop_error_rate:
+    description: Stop after a step whose measured error rate is above this fraction; null never stops.
+    type: float
+  stop_min_good_ratio:
+    description: With SLOs, stop after a step where fewer than this fraction of measured requests
+      met them.
+    type: float
+    default: 0.9
+  metrics_url:
+    description: vLLM's C(/metrics), sampled every second (server concurrency, KV cache, token
+      counters). Empty to not sample.
+    type: str
+  extra_body:
+    description: Extra fields for every request body (e.g. C(temperature)).
+    type: dict
+    default: {}
+  run_dir:
+    description: The run's folder; the config and C(raw/) are written here. Must not hold a run.
+    type: path
+    required: true
+  locustfile:
+    description: The locustfile (the benchmark role's C(files/locustfile.py)).
+    type: path
+    required: true
+  locust_command:
+    description: How to start Locust; by default the module's Python with C(-m locust).
+    type: list
+    elements: str
+  processes:
+    description: Locust C(--processes) - worker processes on this host (C(-1) one per core, C(0)
+      a single process).
+    type: int
+    default: 0
+  expect_workers:
+    description: Run as a Locust master and wait for this many workers (started on other hosts
+      with the same locustfile and config).
+    type: int
+    default: 0
+  master_bind_host:
+    description: Interface the master listens on for workers.
+    type: str
+  master_bind_port:
+    description: Port the master listens on for workers.
+    type: int
+  seed:
+    description: Seed of the prompt picker.
+    type: int
+    default: 0
+  validate_certs:
+    description: Verify TLS certificates of C(https) URLs (the requests and the C(/metrics) samples).
+    type: bool
+    default: true
+  scheduling:
+    description:
+      - How the load processes are scheduled. C(normal); C(nice) (nice -10); C(realtime)
+        (SCHED_RR priority 1 through C(chrt), needs root or CAP_SYS_NICE). On a shared load
+        generator C(realtime) keeps other processes from delaying the client's chunk timestamps
+        (the report flags steps where the client's event loop ran late).
+    type: str
+    choices: [normal, nice, realtime]
+    default: normal
+  prepare_only:
+    description: Write the run's C(config.json) (for remote workers) and return; start no load.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Validates and returns the plan and its bounds; starts no load and writes nothing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+requirements:
+  - locust (and its geventhttpclient) for the Python that runs Locust
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Run the ladder from the controller
+  modelswap.vllm.benchmark_run:
+    url: http://10.0.0.5:8000
+    model: kimi-k2.5
+    api_key: "{{ vllm_api_key }}"
+    concurrency: [1, 8, 32, 128, 256, 512, 1024]
+    prompt_source: "{{ role_path }}/files/prompts.txt"
+    locustfile: "{{ role_path }}/files/locustfile.py"
+    words_per_token: "{{ probe.calibration.words_per_token }}"
+    metrics_url: http://10.0.0.5:8000/metrics
+    run_dir: /srv/results/gpu01/kimi-k2.5/3f1c.../20261202T120000Z
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+run_dir:
+  description: The run's folder.
+  returned: always
+  type: str
+raw_dir:
+  description: Where the raw records are (C(master.jsonl), C(worker-*.jsonl)).
+  returned: always
+  type: str
+plan:
+  description: The ladder and its timing settings.
+  returned: always
+  type: dict
+config:
+  description: The locustfile's config file (written unless in check mode).
+  returned: always
+  type: str
+bounds:
+  description: The run's bound in seconds (Locust is killed past it) and in measured requests.
+  returned: always
+  type: dict
+  sample: {"seconds": 4327, "measured_requests": 1400000, "seconds_per_step_max": 601}
+status:
+  description: Whether the run started and completed, the stop reason when it stopped early,
+    and how many steps were measured.
+  returned: success
+  type: dict
+  sample: {"started": true, "complete": true, "stopped_early": null, "steps_measured": 7}
+seconds:
+  description: How long Locust ran.
+  returned: success
+  type: float
+"""
+
+import json
+import os
+import sys
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils import bench_ladder as bl
+
+
+def tail(path, n=4000):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()[-n:]
+    except OSError:
+        return ""
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            model=dict(type="str", required=True),
+            api=dict(type="str", choices=["chat", "completions"], default="chat"),
+            api_key=dict(type="str", no_log=True),
+            concurrency=dict(type="list", elements="int", required=True),
+            input_tokens=dict(type="int", default=1024),
+            output_tokens=dict(type="int", default=128),
+            ignore_eos=dict(type="bool", default=True),
+            prompt_source=dict(type="path", required=True),
+            prompt_format=dict(type="str", choices=["text", "jsonl"]),
+            words_per_token=dict(type="float", default=0.75),
+            prompt_overhead_tokens=dict(type="int", default=0),
+            ramp_s=dict(type="float", default=10.0),
+            warmup_s=dict(type="float", default=10.0),
+            measure_s=dict(type="float", default=60.0),
+            measure_max_s=dict(type="float", default=300.0),
+            min_requests_per_user=dict(type="float", default=3.0),
+            max_requests_per_step=dict(type="int", default=200000),
+            request_timeout_s=dict(type="float", default=600.0),
+            slo=dict(type="dict", default={}),
+            stop_error_rate=dict(type="float"),
+            stop_min_good_ratio=dict(type="float", default=0.9),
+            metrics_url=dict(type="str"),
+            extra_body=dict(type="dict", default={}),
+            run_dir=dict(type="path", required=True),
+            locustfile=dict(type="path", required=True),
+            locust_command=dict(type="list", elements="str"),
+            processes=dict(type="int", default=0),
+            expect_workers=dict(type="int", default=0),
+            master_bind_host=dict(type="str"),
+            master_bind_port=dict(type="int"),
+            seed=dict(type="int", default=0),
+            scheduling=dict(type="str", choices=["normal", "nice", "realtime"], default="normal"),
+            validate_certs=dict(type="bool", default=True),
+            prepare_only=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = dict(module.params)
+    for key in ("prompt_source", "locustfile", "run_dir"):
+        p[key] = os.path.abspath(p[key])      # Locust runs inside run_dir
+    unknown_slo = set(p["slo"]) - {"ttft_ms", "tpot_ms", "e2el_ms"}
+    problems = bl.validate(p)
+    if p["processes"] and p["expect_workers"]:
+        problems.append("use either processes (workers on this host) or expect_workers (workers on other "
+                        "hosts), not both")
+    if unknown_slo:
+        problems.append(f"slo accepts ttft_ms, tpot_ms and e2el_ms; unknown: {', '.join(sorted(unknown_slo))}")
+    for key in ("prompt_source", "locustfile"):
+        if not os.path.isfile(p[key]):
+            problems.append(f"{key} {p[key]} is not a file")
+    if problems:
+        module.fail_json(msg="benchmark: the run's settings are not usable: " + "; ".join(problems),
+                         problems=problems)
+    if not p["prompt_format"]:
+        p["prompt_format"] = "jsonl" if p["prompt_source"].endswith(".jsonl") else "text"
+    run_dir = p["run_dir"]
+    raw_dir = os.path.join(run_dir, "raw")
+    cfg = bl.config(p, raw_dir)
+    bounds = bl.bounds(p)
+    plan = {k: cfg[k] for k in ("ladder", "ramp_s", "warmup_s", "measure_s", "measure_max_s",
+                                "min_requests_per_user", "max_requests_per_step", "request_timeout_s",
+                                "input_tokens", "output_tokens", "api", "target", "slo", "stop_error_rate",
+                                "stop_min_good_ratio")}
+    config_path = os.path.join(run_dir, "config.json")
+    result = dict(changed=True, run_dir=run_dir, raw_dir=raw_dir, plan=plan, bounds=bounds, config=config_path)
+    if module.check_mode:
+        module.exit_json(**result)
+
+    if os.path.exists(os.path.join(raw_dir, "master.jsonl")):
+        module.fail_json(msg=f"benchmark: {run_dir} already holds a run (raw/master.jsonl); give each run "
+                             "its own folder", **result)
+    os.makedirs(raw_dir, exist_ok=True)
+    with open(config_path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(cfg, fh, indent=1)
+    os.replace(config_path + ".tmp", config_path)
+    if p["prepare_only"]:
+        module.exit_json(**result)
+
+    timeout_bin = module.get_bin_path("timeout", required=True)
+    command = p["locust_command"] or [sys.executable, "-m", "locust"]
+    log_file = os.path.join(run_dir, "locust.log")
+    prefix = [timeout_bin, "--kill-after=30", str(bounds["seconds"])]
+    if p["scheduling"] == "realtime":
+        prefix += [module.get_bin_path("chrt", required=True), "--rr", "1"]
+    elif p["scheduling"] == "nice":
+        prefix += [module.get_bin_path("nice", required=True), "-n", "-10"]
+    argv = prefix + bl.locust_argv(
+        command, p["locustfile"], log_file, processes=p["processes"], expect_workers=p["expect_workers"],
+        master_bind_host=p["master_bind_host"], master_bind_port=p["master_bind_port"],
+        stop_timeout=p["request_timeout_s"])
+    env = {"MODELSWAP_BENCH_CONFIG": config_path, "MODELSWAP_BENCH_API_KEY": p["api_key"] or "",
+           "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    rc, out, err = module.run_command(argv, cwd=run_dir, environ_update=env)
+    seconds = round(time.monotonic() - started, 3)
+    status = bl.run_status(raw_dir)
+    result.update(status=status, seconds=seconds, rc=rc)
+    logs = (tail(log_file, 3000) + "\n" + (err or "")[-2000:]).strip()
+    if rc in (124, 137):
+        module.fail_json(msg=f"benchmark: the load run passed its bound of {bounds['seconds']} s and was "
+                             f"stopped (last phase: {status['last_phase']}); raise request_timeout_s or "
+                             f"measure_max_s only if the server is that slow. Locust's log: {logs[-1500:]}",
+                         **result)
+    if not status["started"]:
+        module.fail_json(msg=f"benchmark: Locust did not start the ladder (exit {rc}): {logs[-3000:]}",
+                         **result)
+    if not status["complete"]:
+        module.fail_json(msg=f"benchmark: the load run ended before the ladder did (exit {rc}, last phase "
+                             f"{status['last_phase']}): {logs[-3000:]}", **result)
+    if status["stopped_early"]:
+        module.warn(f"benchmark stopped early: {status['stopped_early']}")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""bench_report: the versioned JSON, CSV, Markdown and PNG of a run, the previous run's lookup
+and comparison, content-based writes."""
+import csv
+import io
+import json
+
+import pytest
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import bench_report as br
+from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from tests.unit.test_bench_stats import synthetic_run
+
+pytestmark = pytest.mark.unit
+
+
+def report_of(raw, run_id="20261202T120000Z", previous=None, **kw):
+    return br.build(bs.analyze(raw), run_id=run_id, host="gpu1", model="tiny-a", commit="c" * 40,
+                    target="http://gpu1:8000", deployment={"vllm_version": "0.32.0",
+                                                           "vllm_args": {"max_model_len": 512}},
+                    previous=previous, **kw)
+
+
+def test_json_is_versioned_and_carries_the_deployment_and_definitions():
+    rep = report_of(synthetic_run())
+    doc = json.loads(br.render_json(rep))
+    assert doc["schema"] == "modelswap.benchmark/v1"
+    assert doc["run"]["complete"] is True and doc["run"]["started"] == "1970-01-01T00:16:40Z"
+    assert doc["deployment"]["vllm_version"] == "0.32.0"
+    assert doc["steps"][0]["output_throughput"] == pytest.approx(40.0)
+    assert "ttft_ms" in doc["definitions"] and doc["comparison"] is None
+
+
+def test_csv_has_one_row_per_step_with_columns_named_by_metric():
+    rep = report_of(synthetic_run())
+    rows = list(csv.DictReader(io.StringIO(br.render_csv(rep))))
+    assert len(rows) == 1
+    assert float(rows[0]["output_throughput_tok_s"]) == pytest.approx(40.0)
+    assert float(rows[0]["ttft_ms_p99"]) == pytest.approx(100.0)
+    assert rows[0]["valid"] == "True" and rows[0]["concurrency"] == "4"
+
+
+def test_markdown_says_what_is_invalid_and_why():
+    rep = report_of(synthetic_run(cpu=0.97))
+    md = br.render_markdown(rep, [], "plots were turned off")
+    assert "**No valid step" in md
+    assert "client_cpu_saturated" in md and "97%" in md
+    assert "| --max-model-len | 512 |" in md
+    assert "Plots skipped: plots were turned off." in md
+
+
+def test_previous_run_is_found_and_compared(tmp_path):
+    root = tmp_path / "results"
+    older = root / "gpu1" / "tiny-a" / ("a" * 40) / "20261201T100000Z"
+    newer = root / "gpu1" / "tiny-a" / ("b" * 40) / "20261201T110000Z"
+    other = root / "gpu2" / "tiny-a" / ("b" * 40) / "20261201T115000Z"
+    for d, thr in ((older, synthetic_run(e2el=2.0)), (newer, synthetic_run(e2el=0.5)), (other, synthetic_run())):
+        d.mkdir(parents=True)
+        rep = report_of(thr, run_id=d.name)
+        rep["run"]["finished_wall"] = {"20261201T100000Z": 10, "20261201T110000Z": 20}.get(d.name, 30)
+        (d / "report.json").write_text(br.render_json(rep))
+    current = root / "gpu1" / "tiny-a" / ("c" * 40) / "20261202T120000Z"
+    found = br.find_previous(str(root), "gpu1", "tiny-a", str(current), started_wall=25)
+    assert found is not None and found[0]["run"]["id"] == "20261201T110000Z"     # latest, same host
+    assert br.find_previous(str(root), "gpu1", "tiny-a", str(current), started_wall=15)[0]["run"]["id"] \
+        == "20261201T100000Z"                                                       # finished before start
+    rep = report_of(synthetic_run(e2el=1.0), previous=found)
+    cmp = rep["comparison"]
+    assert cmp["previous_run"] == "20261201T110000Z"
+    rows = {r["metric"]: r for r in cmp["rows"]}
+    assert rows["output_throughput"]["change"] == pytest.approx(-0.5)           # 80 -> 40 tok/s
+    assert rows["output_throughput"]["verdict"] == "worse"
+    assert rows["e2el_ms.median"]["verdict"] == "worse"
+    md = br.render_markdown(rep, [], None)
+    assert "Previous run `20261201T110000Z`" in md and "-50.0%" in md
+
+
+def test_files_are_written_only_when_their_content_changes(tmp_path):
+    rep = report_of(synthetic_run())
+    files, err = br.plan_files(rep, plots=True)
+    assert err is None
+    assert files["throughput.png"][:8] == b"\x89PNG\r\n\x1a\n" and files["latency.png"][:4] == b"\x89PNG"
+    names = br.changed_files(str(tmp_path), files)
+    assert names == sorted(files)
+    br.write_files(str(tmp_path), files, names)
+    again, _ = br.plan_files(report_of(synthetic_run()), plots=True)
+    assert br.changed_files(str(tmp_path), again) == []                         # same run: nothing to write
+    assert oct((tmp_path / "report.json").stat().st_mode & 0o777) == "0o644"
+
+
+def test_plots_missing_matplotlib_are_reported_not_fatal(monkeypatch):
+    monkeypatch.setattr(br, "plt", None)
+    files, err = br.plan_files(report_of(synthetic_run()), plots=True)
+    assert "matplotlib is not installed" in err
+    assert "throughput.png" not in files and b"Plots skipped: matplotlib" in files["report.md"]

@@ -1,0 +1,144 @@
+"""The benchmark role through playbooks/benchmark.yml, against the simulator on loopback: bad input
+stops before any load, a run leaves the report keyed by host/model/commit/time, the next run is
+compared with it, check mode starts nothing, and benchmark_skip_existing converges to changed=0."""
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.lab.simulator import SimulatorProcess
+from tests.support.modules import REPO
+
+pytestmark = pytest.mark.unit
+KEY = "role-key-93ad"
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    s = SimulatorProcess(tmp_path_factory.mktemp("sim"), max_seconds=600, api_key=KEY, ttft_ms=20, chunk_ms=10,
+                         slots=4).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    path.write_text(json.dumps({"all": {"hosts": {"sim1": {
+        "ansible_connection": "local", "ansible_host": "127.0.0.1",
+        "ansible_python_interpreter": sys.executable}}}}))
+    return path
+
+
+def playbook(inventory, extra, *, check=False):
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
+            "playbooks/benchmark.yml", "-e", "benchmark_hosts=sim1", "-e", json.dumps(extra)]
+    if check:
+        argv.append("--check")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def settings(sim, results, **kw):
+    out = {"benchmark_url": sim.url, "benchmark_model": "sim", "benchmark_api_key": KEY,
+           "benchmark_concurrency": [2, 4], "benchmark_input_tokens": 48, "benchmark_output_tokens": 16,
+           "benchmark_ramp_s": 0.5, "benchmark_warmup_s": 0.5, "benchmark_measure_s": 2,
+           "benchmark_measure_max_s": 6, "benchmark_min_requests_per_user": 2, "benchmark_request_timeout_s": 20,
+           "benchmark_results_dir": str(results), "benchmark_scheduling": "realtime",
+           "benchmark_deployment": {"model": "sim", "vllm_args": {"max_model_len": 8192}}}
+    out.update(kw)
+    return out
+
+
+def tokens_generated(sim):
+    with urllib.request.urlopen(f"{sim.url}/metrics", timeout=5) as resp:
+        return sum(float(line.split()[-1]) for line in resp.read().decode().splitlines()
+                   if line.startswith("vllm:generation_tokens_total"))
+
+
+def runs(results):
+    return sorted((results / "sim1" / "sim" / "unknown-commit").glob("*/report.json"))
+
+
+@pytest.mark.parametrize("over, fragment", [
+    ({"benchmark_concurrency": []}, "benchmark_concurrency must be a non-empty list of positive integers"),
+    ({"benchmark_concurrency": [4, 0]}, "benchmark_concurrency must be a non-empty list"),
+    ({"benchmark_concurrency": [8, 2]}, "that rise from step to step"),
+    ({"benchmark_api_key": "nope"}, "the API key was refused"),
+    ({"benchmark_model": "other"}, "does not serve model 'other'"),
+    ({"benchmark_url": "http://127.0.0.1:9"}, "cannot reach the server at http://127.0.0.1:9"),
+    ({"benchmark_output_tokens": 9000}, "exceeds the server's max_model_len (8192)"),
+])
+def test_bad_input_fails_before_any_load(sim, inventory, tmp_path, over, fragment):
+    before = tokens_generated(sim)
+    proc = playbook(inventory, settings(sim, tmp_path / "results", **over))
+    assert proc.returncode != 0
+    assert fragment in proc.stdout, proc.stdout[-3000:]
+    # at most the preflight's two one-token requests: no load was started
+    assert tokens_generated(sim) - before <= 2
+    assert not (tmp_path / "results").exists()
+    assert KEY not in proc.stdout and "nope" not in proc.stdout.replace("'nope'", "")
+
+
+def test_run_report_comparison_check_mode_and_skip(sim, inventory, tmp_path):
+    results = tmp_path / "results"
+    first = playbook(inventory, settings(sim, results))
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert "report: " + str(results / "sim1" / "sim" / "unknown-commit") in first.stdout
+    assert KEY not in first.stdout
+    [report] = runs(results)
+    doc = json.loads(report.read_text())
+    assert [s["concurrency"] for s in doc["steps"]] == [2, 4]
+    assert doc["tokens"]["match"] is True
+    assert doc["deployment"]["vllm_version"] == "0.0.0+simulator"      # what the server said ...
+    assert doc["deployment"]["vllm_args"] == {"max_model_len": 8192}    # ... and what the inventory says
+    assert doc["comparison"] is None
+    for name in ("steps.csv", "report.md", "throughput.png", "latency.png", "config.json", "raw/master.jsonl"):
+        assert (report.parent / name).is_file(), name
+
+    # check mode: plans, starts no load, writes no results
+    check = playbook(inventory, settings(sim, results), check=True)
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert len(runs(results)) == 1
+
+    # converge: a complete report for this host, model and commit exists -> nothing to do
+    skip = playbook(inventory, settings(sim, results, benchmark_skip_existing=True))
+    assert skip.returncode == 0, skip.stdout[-3000:]
+    assert "benchmark: skipped, a report exists" in skip.stdout
+    assert "changed=0" in skip.stdout and len(runs(results)) == 1
+
+    # a new run is compared with the previous one
+    second = playbook(inventory, settings(sim, results))
+    assert second.returncode == 0, second.stdout[-3000:]
+    latest = runs(results)[-1]
+    cmp = json.loads(latest.read_text())["comparison"]
+    assert cmp is not None and cmp["previous_run"] == report.parent.name
+    assert "## Compared with the previous run" in (latest.parent / "report.md").read_text()
+
+
+def test_locust_workers_on_a_load_generator(sim, inventory, tmp_path):
+    """Locust's distributed mode across hosts: the master on the controller, a worker started by
+    the role on the load generator (here the same machine over a local connection), its records
+    fetched back into the run's raw folder, its copies (config, key in its environment) removed."""
+    results = tmp_path / "results"
+    workers = tmp_path / "workers"
+    proc = playbook(inventory, settings(
+        sim, results, benchmark_load_generators=["sim1"], benchmark_master_address="127.0.0.1",
+        benchmark_master_port=15557 + os.getpid() % 1000,
+        benchmark_worker_locust_command=[str(Path(sys.executable).parent / "locust")],
+        benchmark_worker_dir=str(workers)))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    [report] = runs(results)
+    fetched = list((report.parent / "raw" / "sim1").glob("worker-*.jsonl"))
+    assert len(fetched) == 1
+    doc = json.loads(report.read_text())
+    assert doc["run"]["load"]["mode"] == "master"
+    assert doc["tokens"]["match"] is True and doc["tokens"]["client_completion_tokens"] > 0
+    assert all(s["requests"]["completed"] > 0 for s in doc["steps"])
+    assert not any(workers.iterdir()) if workers.exists() else True
+    assert KEY not in proc.stdout
