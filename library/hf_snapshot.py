@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -140,15 +142,18 @@ options:
     type: str
 attributes:
   check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - A dry run. Resolves the revision and lists the files (Hub metadata, or the cache), then returns the
         files and bytes that would be fetched and predicts C(changed). One C(HEAD) request checks access to a
         file that would be fetched; no file content is transferred and nothing is written.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details: The manifest before and after (one line per file).
   async:
+    description: Supports being used with the C(async) keyword.
     support: full
     details: Meant to run with C(async) and C(poll=0) for long downloads, polled with hf_snapshot_progress.
 requirements:
@@ -165,7 +170,7 @@ seealso:
   - module: modelswap.vllm.disk_plan
   - module: modelswap.vllm.model_purge
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""
@@ -427,10 +432,10 @@ def main():
     if p["retry_delay"] < 0 or p["progress_interval"] <= 0:
         fail("retry_delay must be >= 0 and progress_interval > 0", "bad_option")
     if not hd.HAS_HF:
-        module.fail_json(msg=missing_required_lib(
-            "huggingface_hub", reason="to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
-                                      "to the vLLM virtualenv's python)" % p["repo_id"]),
-            cause="missing_library", **base)
+        reason = ("to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
+                  "to the vLLM virtualenv's python)" % p["repo_id"])
+        module.fail_json(msg=missing_required_lib("huggingface_hub", reason=reason),
+                         cause="missing_library", **base)
     try:
         hf = hd.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
     except Exception as exc:  # a broken install is as good as none

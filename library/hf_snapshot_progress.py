@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -32,14 +34,16 @@ options:
     type: path
 attributes:
   check_mode:
+    description: Can run in check mode and return the same result without changing the target.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns no diff; it changes nothing.
     support: none
 seealso:
   - module: modelswap.vllm.hf_snapshot
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""

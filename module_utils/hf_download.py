@@ -790,10 +790,13 @@ class SnapshotJob:
         self.timings["plan_s"] = time.monotonic() - started
         return plan
 
+    def _locate(self, path: str):
+        """Where `path` of the pinned commit lies in the layout."""
+        return self.layout.locate(self.commit, path)
+
     def _plan_files(self) -> dict:
         mode = self.o["verify"]
-        locate = lambda p: self.layout.locate(self.commit, p)  # noqa: E731
-        ok, stale = mf.covers(self.manifest, self.wanted, locate, mode)
+        ok, stale = mf.covers(self.manifest, self.wanted, self._locate, mode)
         todo = sorted(self.wanted) if self.o["reverify"] else stale
         fetch, verify = [], []
         for path in todo:
@@ -854,8 +857,9 @@ class SnapshotJob:
         if not got:
             raise FetchError(
                 "another download of %s into %s holds %s (%s) for more than %ds; wait for it to end, or "
-                "stop it, then run again" % (self.repo_id, layout.root, layout.lock_path, lock.holder(),
-                                              int(self.o["lock_timeout"])), "locked")
+                "stop it, then run again"
+                % (self.repo_id, layout.root, layout.lock_path, lock.holder(), int(self.o["lock_timeout"])),
+                "locked")
         self.timings["lock_s"] = time.monotonic() - started
         try:
             return self._execute_locked(plan)
@@ -1056,10 +1060,9 @@ class SnapshotJob:
         """The new manifest: still-valid records of the old one plus what was verified now."""
         files = {}
         if self.manifest is not None:   # records that still hold, also of files other patterns chose
-            locate = lambda p: self.layout.locate(self.commit, p)  # noqa: E731
             for path, rec in self.manifest["files"].items():
                 if path in self.listing and path not in verified:
-                    ok, _ = mf.covers(self.manifest, {path: self.listing[path]}, locate, self.o["verify"])
+                    ok, _ = mf.covers(self.manifest, {path: self.listing[path]}, self._locate, self.o["verify"])
                     if ok:
                         files[path] = rec
         files.update(verified)

@@ -65,8 +65,10 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     if download is None:
         download = _get(fetch, "bytes_downloaded", default=_get(plan, "target", "download_bytes", default=0))
     files = _get(fetch, "would_fetch", "files")
-    nfiles = len(files) if isinstance(files, list) else _get(fetch, "files_downloaded",
-                                                                 default=_get(plan, "target", "missing_files"))
+    if isinstance(files, list):
+        nfiles = len(files)
+    else:
+        nfiles = _get(fetch, "files_downloaded", default=_get(plan, "target", "missing_files"))
     needed = _get(plan, "target", "needed_bytes", default=download) or 0
 
     disk = {"free_before": free, "purge_bytes": purge_bytes, "download_bytes": download,

@@ -96,8 +96,8 @@ def incompletes(root: Path) -> list:
 def module_cmd(args: dict, workdir: Path, check_mode: bool = False):
     """argv to run hf_snapshot as Ansible would, as a process the test controls."""
     args_file = workdir / f"args-{time.monotonic_ns()}.json"
-    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check_mode,
-                                                                  _ansible_diff=False)}))
+    module_args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=False)
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
     return [sys.executable, str(REPO / "library" / "hf_snapshot.py"), str(args_file)]
 
 

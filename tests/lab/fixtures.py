@@ -30,6 +30,11 @@ class Lab:
         self.models = state.get("models", {})
         self.wheelhouse = state.get("wheelhouse")
 
+    @property
+    def api_key(self) -> str:
+        """The lab's vLLM API key (inventory: vllm_service_api_key from this 0600 file)."""
+        return (self._lab.state_dir / "api_key").read_text().strip()
+
     def address(self, host: str) -> str:
         return self._lab.address(host)
 

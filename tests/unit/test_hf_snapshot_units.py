@@ -103,7 +103,10 @@ def test_manifest_covers_only_unchanged_files(tmp_path):
     mpath = mf.manifest_path(str(tmp_path), "c" * 40)
     mf.atomic_write_json(mpath, man)
     back = mf.read_manifest(mpath, "o/r", "c" * 40)
-    locate = lambda p: str(tmp_path / p)  # noqa: E731
+
+    def locate(p):
+        return str(tmp_path / p)
+
     assert mf.covers(back, wanted, locate, "full") == (True, [])
     assert mf.covers(back, wanted, locate, "size") == (True, [])
     assert mf.read_manifest(mpath, "o/other", "c" * 40) is None
@@ -297,6 +300,7 @@ def test_retrying_gives_up_after_the_attempts_and_backs_off():
         return "ok"
 
     assert job._retrying(flaky, "thing") == "ok" and len(calls) == 3
+
     def always(status, cls="HfHubHTTPError"):
         def fn():
             calls.append(time.monotonic())
