@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -64,18 +66,22 @@ options:
     type: int
 attributes:
   check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - It only reads and sends one-token completions; it runs the same in check mode.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
 notes:
   - vLLM protects only C(/v1) routes with its API key; C(/metrics) and C(/version) are read
     without it.
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""
@@ -156,8 +162,8 @@ def main():
             validate_certs=dict(type="bool", default=True),
             calibration_text=dict(type="path"),
             metrics=dict(type="bool", default=True),
-            input_tokens=dict(type="int"),
-            output_tokens=dict(type="int"),
+            input_tokens=dict(type="int", no_log=False),
+            output_tokens=dict(type="int", no_log=False),
         ),
         supports_check_mode=True,
     )

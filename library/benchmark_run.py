@@ -1,6 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# Copyright: modelswap engineers; Apache-2.0
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -179,17 +181,21 @@ options:
     default: false
 attributes:
   check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Validates and returns the plan and its bounds; starts no load and writes nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
 requirements:
   - locust (and its geventhttpclient) for the Python that runs Locust
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""
@@ -266,13 +272,13 @@ def main():
             api=dict(type="str", choices=["chat", "completions"], default="chat"),
             api_key=dict(type="str", no_log=True),
             concurrency=dict(type="list", elements="int", required=True),
-            input_tokens=dict(type="int", default=1024),
-            output_tokens=dict(type="int", default=128),
+            input_tokens=dict(type="int", default=1024, no_log=False),
+            output_tokens=dict(type="int", default=128, no_log=False),
             ignore_eos=dict(type="bool", default=True),
             prompt_source=dict(type="path", required=True),
             prompt_format=dict(type="str", choices=["text", "jsonl"]),
-            words_per_token=dict(type="float", default=0.75),
-            prompt_overhead_tokens=dict(type="int", default=0),
+            words_per_token=dict(type="float", default=0.75, no_log=False),
+            prompt_overhead_tokens=dict(type="int", default=0, no_log=False),
             ramp_s=dict(type="float", default=10.0),
             warmup_s=dict(type="float", default=10.0),
             measure_s=dict(type="float", default=60.0),

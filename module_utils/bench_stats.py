@@ -377,8 +377,9 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None):
     result["ramp"] = {"seconds": ramp.get("ramp_s"), "users_reached": ramp.get("users_reached")} if ramp else None
     drain = None
     for r in raw["master"]:
-        if r.get("k") == "phase" and ((r.get("s") == step + 1 and r.get("p") == "ramp")
-                                       or (r.get("s") == step and r.get("p") == "end")):
+        next_ramp = r.get("s") == step + 1 and r.get("p") == "ramp"
+        this_end = r.get("s") == step and r.get("p") == "end"
+        if r.get("k") == "phase" and (next_ramp or this_end):
             drain = r.get("prev_drained", r.get("drained"))
             break
     result["drained"] = drain

@@ -161,6 +161,7 @@ def run_case(workdir: Path, *, concurrency, ttft_ms=50.0, chunk_ms=20.0, chunks=
 
 def report(cmp: dict) -> str:
     s, t = cmp["step"], cmp["truth"]
+
     def f(x):
         return "-" if x is None else f"{x:.2f}"
     lines = [
