@@ -1,0 +1,273 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: deployment_record
+short_description: Record what a vLLM host serves, and what it served before
+version_added: "0.1.0"
+description:
+  - Keeps the host's deployment record, a small JSON file that other roles and modules read
+    (the purge never removes the served model; status reports it; rollback returns to
+    C(previous)).
+  - O(state=present) makes O(deployment) the current deployment. When it differs from the
+    recorded one, the recorded one becomes C(previous) and C(when) is set to now; recording the
+    current deployment again changes nothing (not even C(when)).
+  - Keys that other writers own, such as C(fetched) (model_fetch), are kept. Every write holds
+    the record's lock (C(<path>.lock), shared with model_fetch) and replaces the file atomically.
+  - O(state=read) only reads it.
+options:
+  path:
+    description:
+      - The record file.
+    type: path
+    default: /var/lib/modelswap/deployment.json
+  state:
+    description:
+      - C(present) records O(deployment); C(read) returns the record.
+    type: str
+    choices: [present, read]
+    default: present
+  deployment:
+    description:
+      - The deployment that serves now. Keys - C(model), C(repo_id), C(commit), C(path),
+        C(served_model_name), C(unit), C(unit_checksum), C(env_checksum), C(vllm_version),
+        C(args) (the ExecStart argv; never a secret), C(host), C(port). C(model), C(path),
+        C(served_model_name) and C(unit) are required.
+      - Required with O(state=present).
+    type: dict
+  mode:
+    description:
+      - Permissions of the record file.
+    type: str
+    default: "0644"
+  unit_file:
+    description:
+      - The unit file of the deployment; its sha256 becomes C(unit_checksum) unless
+        O(deployment) gives one.
+    type: path
+  env_file:
+    description:
+      - The environment file of the deployment; its sha256 becomes C(env_checksum) unless
+        O(deployment) gives one.
+    type: path
+  saved_dir:
+    description:
+      - Keep the deployment's configuration files for rollbacks - C(<saved_dir>/active/<name>)
+        holds the live files of the recorded deployment; when a new deployment replaces a
+        recorded one, the files saved for that one move to C(<saved_dir>/previous/<name>) first.
+        Files are compared by content; nothing is copied when they are equal.
+    type: path
+  saved_files:
+    description:
+      - The files to keep under O(saved_dir) (e.g. the unit, its environment file, its API key
+        file). Their content is never returned.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: The name under O(saved_dir)C(/active) and C(/previous).
+        type: str
+        required: true
+      path:
+        description: The live file.
+        type: path
+        required: true
+      mode:
+        description: Permissions of the saved copy.
+        type: str
+        default: "0600"
+attributes:
+  check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
+    support: full
+    details:
+      - Predicts C(changed) and the diff; writes nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
+    support: full
+    details:
+      - The record before and after, as JSON.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+seealso:
+  - module: modelswap.vllm.vllm_service_facts
+author:
+  - modelswap engineers (@modelswap)
+"""
+
+EXAMPLES = r"""
+- name: Record the deployment that now serves
+  modelswap.vllm.deployment_record:
+    deployment:
+      model: kimi-k2.5-int4
+      repo_id: moonshotai/Kimi-K2.5
+      commit: 0123456789abcdef0123456789abcdef01234567
+      path: /var/lib/modelswap/hf/hub/models--moonshotai--Kimi-K2.5/snapshots/0123456789abcdef0123456789abcdef01234567
+      served_model_name: kimi-k2.5
+      unit: vllm.service
+      vllm_version: 0.32.0
+      port: 8000
+
+- name: Record it, with the unit's checksum, and keep its files for rollbacks
+  modelswap.vllm.deployment_record:
+    deployment: "{{ deployment }}"
+    unit_file: /etc/systemd/system/vllm.service
+    env_file: /etc/modelswap/vllm.env
+    saved_dir: /var/lib/modelswap/vllm/vllm
+    saved_files:
+      - {name: unit, path: /etc/systemd/system/vllm.service, mode: "0644"}
+      - {name: env, path: /etc/modelswap/vllm.env}
+      - {name: secret, path: /etc/modelswap/vllm.secret.env}
+
+- name: Read the record
+  modelswap.vllm.deployment_record:
+    state: read
+  register: record
+"""
+
+RETURN = r"""
+record:
+  description: The record after the task (as it would be, in check mode); null when absent.
+  returned: always
+  type: dict
+deployment:
+  description: The current deployment after the task, or null.
+  returned: always
+  type: dict
+previous:
+  description: The previous deployment after the task, or null.
+  returned: always
+  type: dict
+path:
+  description: The record file.
+  returned: always
+  type: str
+saved:
+  description: The saved configuration files copied - C(rotated) (active to previous) and
+    C(saved) (live to active), by name (in check mode, what would be copied).
+  returned: when O(saved_dir) is given
+  type: dict
+  sample: {"rotated": ["unit", "env", "secret"], "saved": ["unit", "env", "secret"]}
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as dr
+
+
+def with_checksums(deployment, unit_file, env_file):
+    out = dict(deployment)
+    for key, path in (("unit_checksum", unit_file), ("env_checksum", env_file)):
+        if path and not out.get(key):
+            out[key] = dr.sha256_file(path)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", default="/var/lib/modelswap/deployment.json"),
+            state=dict(type="str", choices=["present", "read"], default="present"),
+            deployment=dict(type="dict"),
+            mode=dict(type="str", default="0644"),
+            unit_file=dict(type="path"),
+            env_file=dict(type="path"),
+            saved_dir=dict(type="path"),
+            saved_files=dict(type="list", elements="dict", default=[], options=dict(
+                name=dict(type="str", required=True),
+                path=dict(type="path", required=True),
+                mode=dict(type="str", default="0600"),
+            )),
+        ),
+        required_if=[("state", "present", ("deployment",))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    path = p["path"]
+    modes = {}
+    try:
+        mode = int(p["mode"], 8)
+        for f in p["saved_files"]:
+            modes[f["name"]] = int(f["mode"], 8)
+    except ValueError:
+        module.fail_json(msg="deployment_record: a mode is not an octal permission like 0644")
+    if p["saved_files"] and not p["saved_dir"]:
+        module.fail_json(msg="deployment_record: saved_files needs saved_dir (where to keep them)")
+    names = [f["name"] for f in p["saved_files"]]
+    if len(set(names)) != len(names) or any("/" in n or n in ("", ".", "..") for n in names):
+        module.fail_json(msg="deployment_record: saved_files names must be unique plain file names")
+
+    def answer(record, changed, diff=None, saved=None):
+        result = {"changed": changed, "record": record, "deployment": dr.current(record),
+                  "previous": dr.previous(record), "path": path}
+        if saved is not None:
+            result["saved"] = saved
+        if diff is not None and module._diff:
+            result["diff"] = diff
+        module.exit_json(**result)
+
+    def saved_plan(replaced):
+        if not p["saved_dir"]:
+            return []
+        sums = {}
+        for f in p["saved_files"]:
+            sums[("live", f["name"])] = dr.sha256_file(f["path"])
+            for kind in ("active", "previous"):
+                sums[(kind, f["name"])] = dr.sha256_file(os.path.join(p["saved_dir"], kind, f["name"]))
+        return dr.plan_saved(p["saved_files"], sums, replaced)
+
+    def summary(actions):
+        if not p["saved_dir"]:
+            return None
+        return {"rotated": [n for a, n in actions if a == "rotate"],
+                "saved": [n for a, n in actions if a == "save"]}
+
+    try:
+        if p["state"] == "read":
+            answer(dr.read(path), False)
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        deployment = with_checksums(p["deployment"], p["unit_file"], p["env_file"])
+        if module.check_mode:
+            before = dr.read(path)
+            after, changed = dr.record_deployment(before, deployment, when)
+            actions = saved_plan(changed and dr.current(before) is not None)
+            answer(after, changed or bool(actions),
+                   {"before": dr.dumps(before) if before else "", "after": dr.dumps(after),
+                    "before_header": path, "after_header": path}, summary(actions))
+        with dr.locked(path):
+            before = dr.read(path)
+            after, changed = dr.record_deployment(before, deployment, when)
+            actions = saved_plan(changed and dr.current(before) is not None)
+            by_name = {f["name"]: f for f in p["saved_files"]}
+            for action, name in actions:
+                if action == "rotate":
+                    dr.copy_file(os.path.join(p["saved_dir"], "active", name),
+                                 os.path.join(p["saved_dir"], "previous", name), modes[name])
+                else:
+                    dr.copy_file(by_name[name]["path"], os.path.join(p["saved_dir"], "active", name),
+                                 modes[name])
+            if changed:
+                dr.write(path, after, mode)
+    except dr.RecordError as exc:
+        module.fail_json(msg="deployment_record: recording the deployment in %s failed: %s" % (path, exc))
+    except OSError as exc:
+        module.fail_json(msg="deployment_record: writing %s failed: %s; check that its folder "
+                             "exists and is writable (run with become)"
+                             % (getattr(exc, "filename", None) or path, exc.strerror or exc))
+    answer(after, changed or bool(actions),
+           {"before": dr.dumps(before) if before else "", "after": dr.dumps(after),
+            "before_header": path, "after_header": path}, summary(actions))
+
+
+if __name__ == "__main__":
+    main()

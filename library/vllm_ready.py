@@ -1,0 +1,473 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_ready
+short_description: Wait until a vLLM server is ready (or gone), gate by gate
+version_added: "0.1.0"
+description:
+  - With O(state=ready), waits - bounded by O(timeout) - through four gates in order, the port
+    accepts a TCP connection, C(/health) answers 200, C(/v1/models) lists O(served_model_name),
+    and a one-token completion succeeds (with the API key). Returns the seconds each gate took.
+  - Stops early, without waiting for the budget, when waiting cannot help - the server rejects
+    the API key, another model is served on the port, the systemd O(unit) failed, exited and is
+    being restarted, or stopped, or a process outside O(unit) listens on the port (two vLLM
+    processes of one user can share a port through SO_REUSEPORT).
+  - On failure it reports the gate that failed, the last error, and the unit's recent journal
+    lines, so the cause is in the result.
+  - Without O(timeout) the budget is derived from the model's size on disk (O(model_path)) and
+    its parallelism - 180 s, plus 4 s per GiB, plus 30 s per GPU beyond the first, plus 180 s
+    for compilation unless O(enforce_eager).
+  - With O(state=stopped), waits until no process of O(unit) is left and nothing listens on the
+    port, so a new server can start without sharing the port or memory with the old one.
+options:
+  state:
+    description:
+      - C(ready) waits for the gates; C(stopped) waits until the unit's processes and the
+        port's listeners are gone.
+    type: str
+    choices: [ready, stopped]
+    default: ready
+  host:
+    description:
+      - Address to probe; V(0.0.0.0) and V(::) (a server bound to all addresses) are probed on
+        the loopback address.
+    type: str
+    default: 127.0.0.1
+  port:
+    description:
+      - The server's port.
+    type: int
+    required: true
+  scheme:
+    description:
+      - C(http) or C(https) (certificates are verified).
+    type: str
+    choices: [http, https]
+    default: http
+  served_model_name:
+    description:
+      - The name C(/v1/models) must list (the first C(--served-model-name)). Without it any
+        listed model passes and the completion uses the first one.
+    type: str
+  api_key:
+    description:
+      - The server's API key (C(VLLM_API_KEY)), sent as a bearer token to C(/v1) routes.
+    type: str
+  api_key_file:
+    description:
+      - A systemd EnvironmentFile on the host whose C(VLLM_API_KEY) is the key - the unit's own,
+        so the probe uses exactly the key the server has, and the key never leaves the host.
+        A missing file or a file without the variable means no key.
+    type: path
+  timeout:
+    description:
+      - Seconds to wait in total. Default for O(state=ready) - derived from the model's size
+        and parallelism (see the description); for O(state=stopped) - 120.
+    type: float
+  model_path:
+    description:
+      - The served snapshot; its size on disk feeds the derived budget.
+    type: path
+  parallel_size:
+    description:
+      - GPUs one replica uses (tensor x pipeline x data parallel), for the derived budget.
+    type: int
+    default: 1
+  enforce_eager:
+    description:
+      - The server runs with C(--enforce-eager) (no compilation), for the derived budget.
+    type: bool
+    default: false
+  poll_interval:
+    description:
+      - Seconds between attempts.
+    type: float
+    default: 2
+  request_timeout:
+    description:
+      - Seconds each probe may take (C(/health) can be slow under load).
+    type: float
+    default: 10
+  completion:
+    description:
+      - Run the completion gate. Turn off only for servers that cannot complete (embeddings).
+    type: bool
+    default: true
+  prompt:
+    description:
+      - The prompt of the one-token completion.
+    type: str
+    default: Hello
+  unit:
+    description:
+      - The systemd unit that runs the server. Enables the early stop on a failed unit, the
+        port owner check, the journal lines on failure, and O(state=stopped).
+    type: str
+  check_port_owner:
+    description:
+      - With O(unit), the port must be held only by processes of O(unit).
+    type: bool
+    default: true
+  journal_lines:
+    description:
+      - How many of the unit's journal lines (since the wait began, or since the unit's last
+        start when that is later) to return on failure.
+    type: int
+    default: 40
+  fail_when_not_ready:
+    description:
+      - Fail when the gates do not pass (or the service is not gone). With C(false) the result
+        says RV(ready=false) and why.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
+    support: full
+    details:
+      - Probing changes nothing; the module runs the same in check mode.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+notes:
+  - Run it on the serving host (as root to see other users' sockets and processes).
+  - The API key never appears in the result; the journal lines are returned as the unit logged
+    them (vLLM logs no key when it comes from the environment).
+seealso:
+  - module: modelswap.vllm.gpu_ready
+  - name: vLLM health and readiness
+    description: Why /health alone does not prove a server can generate (vllm#36960).
+    link: https://github.com/vllm-project/vllm/issues/36960
+author:
+  - modelswap engineers (@modelswap)
+"""
+
+EXAMPLES = r"""
+- name: Wait until vLLM serves kimi-k2.5
+  modelswap.vllm.vllm_ready:
+    port: 8000
+    served_model_name: kimi-k2.5
+    api_key: "{{ vllm_api_key }}"
+    unit: vllm.service
+    model_path: /var/lib/modelswap/hf/hub/models--moonshotai--Kimi-K2.5/snapshots/0123456789abcdef0123456789abcdef01234567
+    parallel_size: 8
+  register: ready
+
+- name: Show how long each gate took
+  ansible.builtin.debug:
+    msg: "{{ ready.gates }}"
+
+- name: Wait until the old server's processes and port are gone
+  modelswap.vllm.vllm_ready:
+    state: stopped
+    port: 8000
+    unit: vllm.service
+    timeout: 120
+"""
+
+RETURN = r"""
+ready:
+  description: O(state=ready) - all gates passed. O(state=stopped) - the service is gone.
+  returned: always
+  type: bool
+  sample: true
+gates:
+  description: Seconds each passed gate took (from the previous gate), in order.
+  returned: state=ready
+  type: dict
+  sample: {"port": 31.2, "health": 0.01, "models": 0.01, "completion": 0.09}
+elapsed:
+  description: Seconds waited in total.
+  returned: always
+  type: float
+  sample: 31.31
+budget:
+  description: The time limit used, and whether it was derived.
+  returned: always
+  type: dict
+  sample: {"seconds": 180, "derived": true, "model_bytes": 2412544}
+failed_gate:
+  description: The gate that did not pass (C(port), C(health), C(models), C(completion)).
+  returned: when not ready
+  type: str
+  sample: health
+last_error:
+  description: The last error seen at the failed gate, or why the wait stopped early.
+  returned: when not ready
+  type: str
+  sample: vllm.service exited during start-up (main process exit status 1, exit-code)
+stopped_by:
+  description: Why the wait ended early - C(check) (the unit or the port owner), C(final)
+    (an answer that waiting cannot change), or C(timeout).
+  returned: when not ready
+  type: str
+models:
+  description: The model names C(/v1/models) listed.
+  returned: state=ready, once that gate passed
+  type: list
+  elements: str
+  sample: ["kimi-k2.5"]
+completion:
+  description: The one-token completion's text and usage.
+  returned: state=ready, once that gate passed
+  type: dict
+port_listeners:
+  description: Processes listening on the port at the end (PID, user, command line, systemd unit).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"pid": 812, "user": "vllm", "unit": "vllm.service", "address": "0.0.0.0",
+            "name": "vllm", "cmdline": "/opt/modelswap/venvs/vllm-0.32.0/bin/python3 ..."}]
+processes:
+  description: O(state=stopped) - the unit's processes still alive at the end.
+  returned: state=stopped
+  type: list
+  elements: dict
+unit_state:
+  description: The unit's C(systemctl show) properties at the end (state, PIDs, restarts,
+    exit status and the monotonic timestamps of its last start and stop, in microseconds).
+  returned: when O(unit) is given
+  type: dict
+monotonic:
+  description: The host's CLOCK_MONOTONIC (seconds) when the wait ended, comparable with the
+    unit's C(*TimestampMonotonic) values (microseconds).
+  returned: always
+  type: float
+journal:
+  description: The unit's recent journal lines (since the wait began or the unit last started).
+  returned: when not ready and O(unit) is given
+  type: list
+  elements: str
+journal_errors:
+  description: The journal lines that say why it failed (exceptions, ERROR lines, exit status),
+    without repeats; also in the failure message.
+  returned: when not ready and O(unit) is given
+  type: list
+  elements: str
+  sample: ["RuntimeError: start (0) + length (256) exceeds dimension size (128)",
+           "vllm.service: Main process exited, code=exited, status=1/FAILURE"]
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_probe
+from ansible_collections.modelswap.vllm.plugins.module_utils.served_model import parse_systemctl_show
+
+
+# Journal lines scanned for the errors of a failed start (the root cause can be a traceback or
+# two before the end).
+JOURNAL_SCAN = 2000
+
+
+class Unit:
+    """Reads a unit's state and journal through systemctl/journalctl."""
+
+    def __init__(self, module, name):
+        self.module = module
+        self.name = name
+        self.systemctl = module.get_bin_path("systemctl", required=True)
+        self.journalctl = module.get_bin_path("journalctl")
+
+    def show(self):
+        rc, out, err = self.module.run_command(
+            [self.systemctl, "show", "--property=Id," + ",".join(vllm_probe.UNIT_PROPERTIES),
+             "--", self.name], environ_update={"LANG": "C", "LC_ALL": "C"})
+        if rc != 0:
+            self.module.fail_json(msg="reading the state of %s failed: systemctl show exited %d: %s"
+                                  % (self.name, rc, err.strip()))
+        return parse_systemctl_show(out)
+
+    def journal(self, since_epoch, lines=JOURNAL_SCAN):
+        """The unit's newest ``lines`` journal lines since ``since_epoch``, oldest first.
+
+        (With --since, journalctl's --lines counts from the start of the range; --reverse makes
+        it keep the newest.)
+        """
+        if not self.journalctl or lines <= 0:
+            return []
+        rc, out, _err = self.module.run_command(
+            [self.journalctl, "--unit", self.name, "--since", "@%d" % int(since_epoch),
+             "--reverse", "--lines", str(lines), "--no-pager", "--output", "short-iso", "--quiet"],
+            environ_update={"LANG": "C", "LC_ALL": "C"})
+        return out.splitlines()[::-1] if rc == 0 else []
+
+
+def seconds(value):
+    return "%.0f" % value if value >= 10 else "%.1f" % value
+
+
+def probe_host(host):
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def budget_for(params):
+    if params["timeout"] is not None:
+        return {"seconds": params["timeout"], "derived": False, "model_bytes": None}
+    if params["state"] == "stopped":
+        return {"seconds": 120.0, "derived": False, "model_bytes": None}
+    size = vllm_probe.tree_size(params["model_path"]) if params["model_path"] else 0
+    seconds = vllm_probe.startup_budget(size, params["parallel_size"], params["enforce_eager"])
+    return {"seconds": float(seconds), "derived": True, "model_bytes": size}
+
+
+def wait_stopped(module, unit, budget):
+    params = module.params
+    start = time.monotonic()
+    while True:
+        procs = vllm_probe.unit_processes(params["unit"]) if params["unit"] else []
+        listeners = vllm_probe.port_listeners(params["port"])
+        if not procs and not listeners:
+            break
+        if time.monotonic() - start >= budget["seconds"]:
+            break
+        time.sleep(min(params["poll_interval"], 0.5))
+    result = {"ready": not procs and not listeners, "elapsed": round(time.monotonic() - start, 3),
+              "budget": budget, "processes": procs, "port_listeners": listeners,
+              "monotonic": time.monotonic(), "changed": False}
+    if unit:
+        result["unit_state"] = unit.show()
+    if not result["ready"]:
+        parts = []
+        if procs:
+            parts.append("%d process(es) of %s remain: %s" % (
+                len(procs), params["unit"],
+                "; ".join("pid %d %s" % (p["pid"], p["cmdline"][:120]) for p in procs[:5])))
+        if listeners:
+            parts.append("port %d is still held by %s" % (
+                params["port"], "; ".join(vllm_probe.describe_listener(e) for e in listeners)))
+        result["last_error"] = "; ".join(parts)
+        if params["fail_when_not_ready"]:
+            module.fail_json(msg="vllm_ready: waiting for the old vLLM service to be gone failed after "
+                                 "%s s: %s. Stop the listed processes (or raise the timeout) and run "
+                                 "again." % (seconds(result["elapsed"]), result["last_error"]), **result)
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["ready", "stopped"], default="ready"),
+            host=dict(type="str", default="127.0.0.1"),
+            port=dict(type="int", required=True),
+            scheme=dict(type="str", choices=["http", "https"], default="http"),
+            served_model_name=dict(type="str"),
+            api_key=dict(type="str", no_log=True),
+            api_key_file=dict(type="path"),
+            timeout=dict(type="float"),
+            model_path=dict(type="path"),
+            parallel_size=dict(type="int", default=1),
+            enforce_eager=dict(type="bool", default=False),
+            poll_interval=dict(type="float", default=2.0),
+            request_timeout=dict(type="float", default=10.0),
+            completion=dict(type="bool", default=True),
+            prompt=dict(type="str", default="Hello"),
+            unit=dict(type="str"),
+            check_port_owner=dict(type="bool", default=True),
+            journal_lines=dict(type="int", default=40),
+            fail_when_not_ready=dict(type="bool", default=True),
+        ),
+        required_if=[("state", "stopped", ("unit",), True)],
+        mutually_exclusive=[("api_key", "api_key_file")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    if not 0 < params["port"] < 65536:
+        module.fail_json(msg="vllm_ready: port %d is not a TCP port (1..65535)" % params["port"])
+    if params["timeout"] is not None and params["timeout"] < 0:
+        module.fail_json(msg="vllm_ready: timeout must be >= 0 seconds")
+    if params["poll_interval"] <= 0 or params["request_timeout"] <= 0:
+        module.fail_json(msg="vllm_ready: poll_interval and request_timeout must be > 0")
+    if params["api_key_file"]:
+        try:
+            with open(params["api_key_file"], encoding="utf-8") as fh:
+                params["api_key"] = vllm_probe.env_file_value(fh.read(), "VLLM_API_KEY")
+        except FileNotFoundError:
+            params["api_key"] = None
+        except OSError as exc:
+            module.fail_json(msg="vllm_ready: cannot read the API key file %s: %s; run with become"
+                                 % (params["api_key_file"], exc.strerror or exc))
+        if params["api_key"]:
+            module.no_log_values.add(params["api_key"])
+    budget = budget_for(params)
+    unit = Unit(module, params["unit"]) if params["unit"] else None
+    if params["state"] == "stopped":
+        wait_stopped(module, unit, budget)
+        return
+
+    started_epoch = time.time()
+    restarts_before = 0
+    if unit:
+        first = unit.show()
+        if first.get("LoadState") != "loaded":
+            module.fail_json(msg="vllm_ready: the unit %s is not loaded (LoadState=%s); deploy it "
+                                 "before waiting for it" % (params["unit"], first.get("LoadState")))
+        try:
+            restarts_before = int(first.get("NRestarts") or 0)
+        except ValueError:
+            restarts_before = 0
+    state = {"listeners": []}
+
+    def check():
+        if unit:
+            problem = vllm_probe.unit_problem(unit.show(), restarts_before)
+            if problem:
+                return problem
+        if unit and params["check_port_owner"]:
+            listeners = vllm_probe.port_listeners(params["port"])
+            state["listeners"] = listeners
+            foreign = vllm_probe.foreign_listeners(listeners, params["unit"])
+            if foreign:
+                return ("port %d is held by a process outside %s: %s" % (
+                    params["port"], params["unit"],
+                    "; ".join(vllm_probe.describe_listener(e) for e in foreign)))
+        return None
+
+    outcome = vllm_probe.wait_ready(
+        host=probe_host(params["host"]), port=params["port"],
+        served_name=params["served_model_name"], api_key=params["api_key"],
+        budget=budget["seconds"], poll=params["poll_interval"],
+        request_timeout=params["request_timeout"], completion=params["completion"],
+        prompt=params["prompt"], scheme=params["scheme"], check=check)
+    result = dict(outcome, budget=budget, changed=False, monotonic=time.monotonic(),
+                  port_listeners=state["listeners"] or vllm_probe.port_listeners(params["port"]))
+    if unit:
+        result["unit_state"] = unit.show()
+    if outcome["ready"]:
+        module.exit_json(**result)
+    if unit:
+        since = started_epoch - 1
+        start_us = int(result.get("unit_state", {}).get("ExecMainStartTimestampMonotonic") or 0)
+        if start_us:
+            # since the unit's last start (monotonic -> epoch), when that is later
+            since = max(since, time.time() - (time.monotonic() - start_us / 1e6) - 1)
+        scanned = unit.journal(since, max(JOURNAL_SCAN, params["journal_lines"]))
+        result["journal_errors"] = vllm_probe.journal_errors(scanned)
+        result["journal"] = scanned[-params["journal_lines"]:] if params["journal_lines"] > 0 else []
+    what = params["served_model_name"] or "the server"
+    msg = ("vllm_ready: %s on %s:%d is not ready - gate '%s' failed after %s s (budget %s s): %s"
+           % (what, probe_host(params["host"]), params["port"], outcome["failed_gate"],
+              seconds(outcome["elapsed"]), seconds(budget["seconds"]), outcome["last_error"]))
+    if outcome["stopped_by"] == "timeout":
+        msg += ". The budget ran out: raise the timeout if the model needs longer, or read the journal"
+    if result.get("journal_errors"):
+        msg += ". Errors in the unit's journal: " + " | ".join(result["journal_errors"])
+    elif result.get("journal"):
+        msg += ". Last journal lines: " + " | ".join(result["journal"][-5:])
+    if params["fail_when_not_ready"]:
+        module.fail_json(msg=msg, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

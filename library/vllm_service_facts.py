@@ -1,0 +1,276 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_service_facts
+short_description: Read what a vLLM serving host has and serves, before changing it
+version_added: "0.1.0"
+description:
+  - Read-only. Gathers in one call what the C(vllm_service) role must know before it stops
+    anything - the host's deployment record, the state of the serving unit, who listens on the
+    serving port (and which systemd unit each listener belongs to), whether the requested model
+    is fetched and verified on the host, and which vLLM is installed in the virtualenv.
+  - A model is verified when hf_snapshot's manifest (format C(modelswap.hf_snapshot/1)) for its
+    repo and commit exists next to the snapshot and every verified file is still on disk as it
+    was verified (one C(stat) per file, no hashing). The snapshot is found from
+    O(snapshot_path), else the record's C(fetched.<name>) entry, else the Hugging Face cache
+    layout under O(cache_dir).
+  - Role-private in spirit (the C(vllm_service) role's validate step) but usable alone, e.g. by a
+    status playbook.
+options:
+  unit:
+    description:
+      - The systemd unit of the serving slot.
+    type: str
+    default: vllm.service
+  port:
+    description:
+      - The serving port; its listeners are reported in RV(port), those outside O(unit) marked foreign.
+    type: int
+  record_path:
+    description:
+      - The deployment record.
+    type: path
+    default: /var/lib/modelswap/deployment.json
+  model:
+    description:
+      - The catalog model to locate and verify. Omit to skip the snapshot check.
+    type: dict
+    suboptions:
+      name:
+        description: The catalog name.
+        type: str
+        required: true
+      repo_id:
+        description: The Hugging Face repo id (C(org/name)).
+        type: str
+        required: true
+      revision:
+        description: The pinned commit (40 hex), or a branch or tag that model_fetch resolved.
+        type: str
+        default: main
+  snapshot_path:
+    description:
+      - The snapshot folder, when it is not found from the record or the cache layout.
+    type: path
+  cache_dir:
+    description:
+      - The Hugging Face hub cache (the folder that holds C(models--org--name)).
+    type: path
+  verification:
+    description:
+      - What makes a snapshot acceptable - C(full) (content verified against the Hub's
+        hashes), C(size) (sizes only), or C(none) (the folder and its C(config.json) exist;
+        for models not fetched by modelswap - the role warns).
+    type: str
+    choices: [full, size, none]
+    default: full
+  venv:
+    description:
+      - The vLLM virtualenv; its C(bin/vllm) and installed C(vllm) version are reported.
+    type: path
+  binary:
+    description:
+      - A vLLM executable to check instead of O(venv)C(/bin/vllm) (e.g. the one a saved unit runs).
+    type: path
+  paths:
+    description:
+      - Files whose existence to report in RV(files) (e.g. the unit, its environment files and
+        their saved copies), saving one C(stat) task each.
+    type: list
+    elements: path
+    default: []
+attributes:
+  check_mode:
+    description: Can run in check mode and return the changed status prediction without modifying the target.
+    support: full
+    details:
+      - Read-only; runs the same in check mode.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+notes:
+  - Run it as root to see every process's sockets and cgroup.
+seealso:
+  - module: modelswap.vllm.vllm_ready
+  - module: modelswap.vllm.deployment_record
+author:
+  - modelswap engineers (@modelswap)
+"""
+
+EXAMPLES = r"""
+- name: Read the serving host's state and check the requested model
+  modelswap.vllm.vllm_service_facts:
+    unit: vllm.service
+    port: 8000
+    model:
+      name: kimi-k2.5-int4
+      repo_id: moonshotai/Kimi-K2.5
+      revision: 0123456789abcdef0123456789abcdef01234567
+    cache_dir: /var/lib/modelswap/hf/hub
+    venv: /opt/modelswap/venvs/vllm-0.32.0
+  register: facts
+
+- name: Refuse a model that is not fetched and verified
+  ansible.builtin.assert:
+    that: facts.snapshot.verified
+    fail_msg: "{{ facts.snapshot.reason }}"
+"""
+
+RETURN = r"""
+record:
+  description: The deployment record as stored, or null when the host has none.
+  returned: always
+  type: dict
+deployment:
+  description: The current deployment of the record (model, repo_id, commit, path, served name,
+    unit, checksums, vLLM version, args, host, port, when), or null.
+  returned: always
+  type: dict
+previous:
+  description: The deployment before the current one, or null.
+  returned: always
+  type: dict
+unit:
+  description: The unit's state - C(loaded), C(active_state), C(sub_state), C(main_pid),
+    C(n_restarts), C(fragment_path), C(model) (what its ExecStart serves).
+  returned: always
+  type: dict
+  sample: {"loaded": true, "active_state": "active", "sub_state": "running", "main_pid": 812,
+           "n_restarts": 0, "fragment_path": "/etc/systemd/system/vllm.service",
+           "model": "/var/lib/modelswap/hf/hub/models--lab--tiny-a/snapshots/0a1b..."}
+port:
+  description: Listeners on O(port) (PID, user, command line, unit, address, and C(text), a
+    one-line description) and C(foreign), those outside O(unit).
+  returned: when O(port) is given
+  type: dict
+snapshot:
+  description: Where the model's snapshot is, and whether it is verified (with the reason when
+    not) - C(path), C(commit), C(manifest), C(source), C(verified), C(verify), C(files),
+    C(bytes), C(verified_at), C(reason).
+  returned: when O(model) is given
+  type: dict
+files:
+  description: For each of O(paths), whether it exists (as a file or a folder).
+  returned: always
+  type: dict
+  sample: {"/etc/systemd/system/vllm.service": true, "/etc/modelswap/vllm.env": false}
+vllm:
+  description: The vLLM executable (C(binary), C(exists)), the virtualenv's Python and the
+    installed C(vllm) distribution version (null when it cannot be read).
+  returned: when O(venv) or O(binary) is given
+  type: dict
+  sample: {"binary": "/opt/modelswap/venvs/vllm-cpu-0.32.0/bin/vllm", "exists": true,
+           "python": "/opt/modelswap/venvs/vllm-cpu-0.32.0/bin/python", "version": "0.32.0+cpu"}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as dr
+from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check, vllm_probe
+from ansible_collections.modelswap.vllm.plugins.module_utils.served_model import (
+    exec_start_argv,
+    model_from_argv,
+    parse_systemctl_show,
+)
+
+VERSION_SNIPPET = "import importlib.metadata as m; print(m.version('vllm'))"
+
+
+NO_UNIT = {"loaded": False, "active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0,
+           "fragment_path": None, "model": None}
+
+
+def unit_facts(module, unit):
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return dict(NO_UNIT, reason="systemctl not found")
+    rc, out, err = module.run_command(
+        [systemctl, "show", "--property=LoadState,ActiveState,SubState,MainPID,NRestarts,"
+         "FragmentPath,ExecStart,ControlGroup", "--", unit],
+        environ_update={"LANG": "C", "LC_ALL": "C"})
+    if rc != 0:
+        # systemd is not running (a container without it, a build host): no unit can be loaded
+        return dict(NO_UNIT, reason=(err or out).strip()[:300])
+    show = parse_systemctl_show(out)
+    loaded = show.get("LoadState") == "loaded"
+    return {
+        "loaded": loaded,
+        "active_state": show.get("ActiveState"),
+        "sub_state": show.get("SubState"),
+        "main_pid": int(show.get("MainPID") or 0),
+        "n_restarts": int(show.get("NRestarts") or 0) if (show.get("NRestarts") or "0").isdigit() else 0,
+        "fragment_path": show.get("FragmentPath") or None,
+        "model": model_from_argv(exec_start_argv(show.get("ExecStart", ""))) if loaded else None,
+    }
+
+
+def vllm_facts(module, venv, binary):
+    binary = binary or os.path.join(venv, "bin", "vllm")
+    python = os.path.join(venv or os.path.dirname(binary).rsplit("/bin", 1)[0], "bin", "python")
+    out = {"binary": binary, "exists": os.path.isfile(binary) and os.access(binary, os.X_OK),
+           "python": python, "version": None}
+    if os.path.isfile(python) and os.access(python, os.X_OK):
+        rc, stdout, _err = module.run_command([python, "-c", VERSION_SNIPPET],
+                                              environ_update={"LANG": "C", "LC_ALL": "C"})
+        if rc == 0 and stdout.strip():
+            out["version"] = stdout.strip().splitlines()[-1]
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", default="vllm.service"),
+            port=dict(type="int"),
+            record_path=dict(type="path", default="/var/lib/modelswap/deployment.json"),
+            model=dict(type="dict", options=dict(
+                name=dict(type="str", required=True),
+                repo_id=dict(type="str", required=True),
+                revision=dict(type="str", default="main"),
+            )),
+            snapshot_path=dict(type="path"),
+            cache_dir=dict(type="path"),
+            verification=dict(type="str", choices=["full", "size", "none"], default="full"),
+            venv=dict(type="path"),
+            binary=dict(type="path"),
+            paths=dict(type="list", elements="path", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        record = dr.read(p["record_path"])
+    except dr.RecordError as exc:
+        module.fail_json(msg="vllm_service_facts: %s" % exc)
+    result = {"changed": False, "record": record, "deployment": dr.current(record),
+              "previous": dr.previous(record), "unit": unit_facts(module, p["unit"]),
+              "files": {path: os.path.exists(path) for path in p["paths"]}}
+    if p["port"] is not None:
+        listeners = vllm_probe.port_listeners(p["port"])
+        for entry in listeners:
+            entry["text"] = vllm_probe.describe_listener(entry)
+        result["port"] = {"port": p["port"], "listeners": listeners,
+                          "foreign": vllm_probe.foreign_listeners(listeners, p["unit"])}
+    if p["model"]:
+        m = p["model"]
+        result["snapshot"] = snapshot_check.check(
+            m["name"], m["repo_id"], m["revision"], record=record, cache_dir=p["cache_dir"],
+            path=p["snapshot_path"], mode=p["verification"])
+    if p["venv"] or p["binary"]:
+        result["vllm"] = vllm_facts(module, p["venv"], p["binary"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""The host's deployment record: what its vLLM unit serves now, and what it served before.
+
+A small JSON file (default /var/lib/modelswap/deployment.json) that other roles read
+(served_model.read_deployment_record, the purge's "never the served model" rule, status). Its
+top level is the current deployment; ``previous`` is the one before it (without its own
+``previous``); keys this module does not own (``fetched``, written by model_fetch) are kept::
+
+    {"schema": 1,
+     "model": "tiny-b", "repo_id": "lab/tiny-b", "commit": "<40 hex>", "path": "/.../snapshots/<commit>",
+     "served_model_name": "tiny-b", "unit": "vllm.service", "unit_checksum": "<sha256>",
+     "env_checksum": "<sha256>", "vllm_version": "0.32.0+cpu", "args": ["/opt/.../vllm", "serve", ...],
+     "host": "0.0.0.0", "port": 8000, "when": "2026-12-02T13:00:00Z",
+     "previous": {"model": "tiny-a", ..., "when": "..."},
+     "fetched": {"tiny-a": {...}, "tiny-b": {...}}}
+
+Writers take an exclusive ``flock`` on ``<record>.lock`` (as model_fetch does) and replace the
+file atomically. No secret is ever written here (``args`` never holds the API key).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+
+SCHEMA = 1
+DEPLOYMENT_KEYS = ("model", "repo_id", "commit", "path", "served_model_name", "unit",
+                   "unit_checksum", "env_checksum", "vllm_version", "args", "host", "port")
+REQUIRED_KEYS = ("model", "path", "served_model_name", "unit")
+OWN_KEYS = DEPLOYMENT_KEYS + ("when", "previous", "schema")
+
+
+class RecordError(Exception):
+    """A record or a deployment that cannot be used (message is final)."""
+
+
+def normalize(deployment) -> dict:
+    """The deployment keys of ``deployment`` (missing ones as None); RecordError when unusable."""
+    if not isinstance(deployment, dict):
+        raise RecordError("a deployment must be a mapping with keys %s" % ", ".join(DEPLOYMENT_KEYS))
+    unknown = sorted(set(deployment) - set(DEPLOYMENT_KEYS))
+    if unknown:
+        raise RecordError("unknown deployment keys %s (allowed: %s)"
+                          % (", ".join(unknown), ", ".join(DEPLOYMENT_KEYS)))
+    missing = [k for k in REQUIRED_KEYS if not deployment.get(k)]
+    if missing:
+        raise RecordError("the deployment lacks %s" % ", ".join(missing))
+    out = {k: deployment.get(k) for k in DEPLOYMENT_KEYS}
+    if out["args"] is not None:
+        if not isinstance(out["args"], list):
+            raise RecordError("deployment args must be the ExecStart argv as a list")
+        out["args"] = [str(a) for a in out["args"]]
+    if out["port"] is not None:
+        try:
+            out["port"] = int(out["port"])
+        except (TypeError, ValueError):
+            raise RecordError("deployment port must be an integer, got %r" % (out["port"],))
+    return out
+
+
+def current(record):
+    """The current deployment of ``record`` (DEPLOYMENT_KEYS + ``when``), or None."""
+    if not record or not record.get("model"):
+        return None
+    out = {k: record.get(k) for k in DEPLOYMENT_KEYS}
+    out["when"] = record.get("when")
+    return out
+
+
+def previous(record):
+    """The deployment before the current one, or None."""
+    prev = (record or {}).get("previous")
+    return prev if isinstance(prev, dict) and prev.get("model") else None
+
+
+def same(a, b) -> bool:
+    """Two deployments are the same when every deployment key is equal (``when`` aside)."""
+    if a is None or b is None:
+        return a is b
+    return all(a.get(k) == b.get(k) for k in DEPLOYMENT_KEYS)
+
+
+def record_deployment(record, deployment, when: str):
+    """(new record, changed): ``deployment`` becomes current; the old current becomes previous.
+
+    Recording the deployment that is already current changes nothing (not even ``when``), so a
+    run with nothing to do leaves the file as it is. Keys owned by others are kept.
+    """
+    record = dict(record or {})
+    new = normalize(deployment)
+    old = current(record)
+    if same(old, new) and record.get("schema") == SCHEMA:
+        return record, False
+    out = {k: v for k, v in record.items() if k not in OWN_KEYS}
+    out["schema"] = SCHEMA
+    out.update(new)
+    if same(old, new):
+        out["when"] = record.get("when") or when
+        out["previous"] = previous(record)
+    else:
+        out["when"] = when
+        out["previous"] = old
+    return out, True
+
+
+def parse(text: str, path: str):
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RecordError("the deployment record %s is not valid JSON (%s); fix or remove it"
+                          % (path, exc))
+    if not isinstance(data, dict):
+        raise RecordError("the deployment record %s is not a JSON object; fix or remove it" % path)
+    prev = data.get("previous")
+    if prev is not None and not isinstance(prev, dict):
+        raise RecordError("the deployment record %s has a 'previous' that is not a mapping; "
+                          "fix or remove it" % path)
+    return data
+
+
+def read(path: str):
+    """The record at ``path`` as a dict, or None when there is none; RecordError when unusable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RecordError("cannot read the deployment record %s: %s" % (path, exc.strerror or exc))
+    return parse(text, path)
+
+
+def dumps(record) -> str:
+    return json.dumps(record, indent=1, sort_keys=True) + "\n"
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    """Exclusive lock shared with every writer of the record (``<record>.lock``)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def write(path: str, record, mode: int = 0o644) -> None:
+    """Replace the record atomically (temp file in the same folder, fsync, rename)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(dumps(record))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# saved configurations: <saved_dir>/active (the last verified one, restored when a swap fails)
+# and <saved_dir>/previous (the one before it, restored by the rollback action)
+# --------------------------------------------------------------------------------------------
+def sha256_file(path: str):
+    """The sha256 of a file, or None when it does not exist."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def plan_saved(files, sums: dict, deployment_replaced: bool) -> list:
+    """What to copy so that active/ holds the live files and previous/ the replaced ones.
+
+    ``files``: [{"name", "path", "mode"}]; ``sums``: {("live"|"active"|"previous", name): sha256
+    or None}. ``deployment_replaced``: a new deployment replaced a recorded one in this run.
+    Returns [("rotate", name)] (active -> previous) then [("save", name)] (live -> active).
+    """
+    actions = []
+    if deployment_replaced:
+        for f in files:
+            active = sums.get(("active", f["name"]))
+            if active is not None and active != sums.get(("previous", f["name"])):
+                actions.append(("rotate", f["name"]))
+    for f in files:
+        live = sums.get(("live", f["name"]))
+        if live is not None and live != sums.get(("active", f["name"])):
+            actions.append(("save", f["name"]))
+    return actions
+
+
+def copy_file(src: str, dest: str, mode: int) -> None:
+    """Copy ``src`` over ``dest`` atomically with ``mode`` (a temp file in dest's folder)."""
+    directory = os.path.dirname(dest) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dest) + ".", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+            for chunk in iter(lambda: inp.read(1 << 20), b""):
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,64 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""Filters of the vllm_service role: the vLLM command line and systemd syntax.
+
+The logic lives in module_utils/vllm_unit.py (unit-tested there); these are thin wrappers that
+turn its errors into AnsibleFilterError.
+"""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_unit
+
+
+def _wrap(func):
+    def run(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except vllm_unit.ArgsError as exc:
+            raise AnsibleFilterError(str(exc))
+    run.__name__ = func.__name__
+    run.__doc__ = func.__doc__
+    return run
+
+
+def vllm_serve_argv(vllm_args, vllm_bin, model_path, served_model_name, host, port):
+    """The argv of ``vllm serve`` for a catalog entry's vllm_args."""
+    return vllm_unit.serve_argv(vllm_bin, model_path, served_model_name, host, port, vllm_args)
+
+
+def vllm_parallel_size(vllm_args):
+    """tensor x pipeline x data parallel size of a catalog entry's vllm_args."""
+    return vllm_unit.parallel_size(vllm_args)
+
+
+def systemd_exec(argv):
+    """An argv list as a systemd ExecStart= value."""
+    return vllm_unit.systemd_exec(argv)
+
+
+def systemd_env_lines(env):
+    """A mapping as sorted KEY="value" lines of a systemd EnvironmentFile."""
+    return vllm_unit.env_lines(env)
+
+
+def vllm_argv_settings(argv):
+    """Parallel size, enforce_eager and gpu_memory_utilization of a rendered vllm serve argv."""
+    return vllm_unit.argv_settings(argv)
+
+
+def merge_env(*layers):
+    """Merge environment mappings; later ones win, a null value removes a name."""
+    return vllm_unit.merge_env(*layers)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "vllm_serve_argv": _wrap(vllm_serve_argv),
+            "vllm_parallel_size": _wrap(vllm_parallel_size),
+            "systemd_exec": _wrap(systemd_exec),
+            "systemd_env_lines": _wrap(systemd_env_lines),
+            "merge_env": _wrap(merge_env),
+            "vllm_argv_settings": _wrap(vllm_argv_settings),
+        }
