@@ -70,10 +70,17 @@ ee-context: collection ## execution environment build context (ansible-builder) 
 	$(BIN)/ansible-builder create -f execution-environment.yml --context build/ee/context --output-filename Containerfile
 	@echo "build the image where a container runtime runs: podman build -t modelswap-ee build/ee/context"
 
-demo: lab-up ## the main job on the lab (see README)
-	$(BIN)/ansible-playbook -i inventory/lab tests/lab/playbooks/lab_serve.yml
-	@echo "tiny-a is served by real vLLM on gpu1: curl http://$$($(LABCTL) address gpu1):8000/v1/models"
-	@echo "stop everything with: make lab-down"
+demo: lab-up ## the main job on the lab: serve tiny-a, preview and migrate to tiny-b, benchmark, status
+	@echo "== 1/4 serve tiny-a on every lab host (install vLLM, fetch, start, prove it serves)"
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-a -e modelswap_benchmark=false
+	@echo "== 2/4 the preview: what migrating to tiny-b would do (nothing changes)"
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-b --check --diff
+	@echo "== 3/4 migrate to tiny-b one host at a time, then benchmark"
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-b -e modelswap_serial=1
+	@echo "== 4/4 the fleet"
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/status.yml
+	@echo "run records and summaries: results/runs/ (newest last): $$(ls -d results/runs/*/ | tail -1)summary.md"
+	@echo "benchmark reports: results/benchmark/<host>/<model>/<commit>/<run>/report.md"
 
 clean: lab-down ## remove the lab and the virtualenv (the lab's caches stay)
 	rm -rf $(VENV) build

@@ -25,7 +25,7 @@ class Lab:
         self._lab = lab
         self.state = state
         self.hosts = list(state["hosts"])
-        self.inventory = REPO / "inventory" / "lab" / "hosts.yml"
+        self.inventory = labctl.INVENTORY
         self.hub_url = state["hub_url"]
         self.models = state.get("models", {})
         self.wheelhouse = state.get("wheelhouse")

@@ -1,0 +1,173 @@
+"""The whole pivot on the lab (issue 8): playbooks/migrate.yml through the ansible-runner
+interface, asserting on its structured results and on the hosts themselves.
+
+One module-scoped story, in order (each real vLLM start costs about a minute):
+  tiny-a on both hosts -> preview tiny-b (changes nothing) -> migrate to tiny-b one host at a
+  time while the Hub cuts connections (one host always serves) -> rerun is changed=0 with an
+  unreachable host in the inventory -> not enough disk fails before any change -> gpu2 gets
+  tiny-broken and rolls back while gpu1 completes.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import runner
+from tests.integration import vllm_lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+HOSTS = ["gpu1", "gpu2"]
+
+
+def served(lab, host: str, key: str) -> list[str] | None:
+    req = urllib.request.Request(f"http://{lab.address(host)}:8000/v1/models",
+                                 headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            return [m["id"] for m in json.load(resp)["data"]]
+    except OSError:
+        return None
+
+
+def main_pid(lab, host: str) -> str:
+    return lab.ssh(host, "systemctl show -p MainPID --value vllm.service").stdout.strip()
+
+
+def inventory_with(lab, tmp_path: Path, host_vars: dict | None = None, extra_hosts: dict | None = None) -> str:
+    """A copy of the lab inventory with per-host variables (and hosts that do not exist)."""
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    text = Path(lab.inventory).read_text()
+    for name, address in (extra_hosts or {}).items():
+        text += f"        {name}:\n          ansible_host: {address}\n"
+    (inv / "hosts.yml").write_text(text)
+    (inv / "group_vars").symlink_to(Path(lab.inventory).parent / "group_vars")
+    (inv / "host_vars").mkdir()
+    for host, values in (host_vars or {}).items():
+        (inv / "host_vars" / f"{host}.yml").write_text(json.dumps(values))
+    return str(inv / "hosts.yml")
+
+
+@pytest.fixture(scope="module")
+def story(lab, tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    for host in HOSTS:
+        lab.ssh(host, "systemctl stop vllm-lab.service 2>/dev/null; true")
+        vllm_lab.reset_host(lab, host)
+    state = {"key": lab.api_key, "results": str(results),
+             "vars": {"modelswap_results_dir": str(results),
+                      "benchmark_results_dir": str(results / "benchmark")}}
+    start = runner.migrate(str(lab.inventory), serve="tiny-a", extra_vars=state["vars"])
+    assert start["ok"], start["run"]["failures"]
+    yield state
+    for host in HOSTS:
+        vllm_lab.reset_host(lab, host)
+
+
+def test_1_both_hosts_serve_tiny_a_after_a_first_migration(lab, story):
+    for host in HOSTS:
+        assert served(lab, host, story["key"]) == ["tiny-a"]
+
+
+def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
+    pids = {h: main_pid(lab, h) for h in HOSTS}
+    units = {h: lab.ssh(h, "sha256sum /etc/systemd/system/vllm.service").stdout for h in HOSTS}
+    lab.hub.clear_log()
+    out = runner.preview(str(lab.inventory), serve="tiny-b", extra_vars=story["vars"])
+    assert out["ok"], out["run"]["failures"]
+    for host in HOSTS:
+        steps = {s["step"]: s for s in out["plan"][host]["steps"]}
+        assert steps["preflight"]["verdict"] == "fits"
+        assert steps["fetch"]["bytes"] > 6_000_000 and steps["fetch"]["files"] == 7
+        assert steps["swap"]["would_swap"] and steps["swap"]["stop"] == "tiny-a"
+        assert steps["benchmark"]["enabled"]
+        # nothing changed on the host
+        assert main_pid(lab, host) == pids[host]
+        assert lab.ssh(host, "sha256sum /etc/systemd/system/vllm.service").stdout == units[host]
+        assert lab.ssh(host, "test -e /var/lib/modelswap/hf/hub/models--lab--tiny-b/snapshots",
+                       check=False).returncode != 0
+    # the Hub saw metadata requests only: no file was downloaded
+    assert not [r for r in lab.hub.requests() if r["method"] == "GET" and r.get("file")]
+    story["preview"] = out["plan"]
+
+
+def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connections(lab, story):
+    lab.hub.fault("cut", after=2_000_000, file="model.safetensors", count=2)
+    seen, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            seen.append([served(lab, h, story["key"]) for h in HOSTS])
+            time.sleep(0.5)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        out = runner.migrate(str(lab.inventory), serve="tiny-b",
+                             extra_vars=dict(story["vars"], modelswap_serial=1))
+    finally:
+        stop.set()
+        poller.join(10)
+    assert out["ok"], out["run"]["failures"]
+    assert len(seen) > 20
+    assert all(any(models for models in poll_) for poll_ in seen), "a moment when no host served"
+    assert any(poll_[0] != poll_[1] for poll_ in seen)        # they really swapped one at a time
+    for host in HOSTS:
+        assert served(lab, host, story["key"]) == ["tiny-b"]
+        record = out["records"][host]
+        assert record["outcome"] == "migrated" and record["swap"]["replaced_model"] == "tiny-a"
+        assert record["swap"]["downtime_s"] > 0 and record["fetch"]["verified"] is True
+        assert record["benchmark"] and Path(record["benchmark"]["report"]).exists()
+        # the preview's numbers are what the run did
+        planned = {s["step"]: s for s in story["preview"][host]["steps"]}
+        assert record["fetch"]["bytes_downloaded"] == planned["fetch"]["bytes"]
+        assert record["swap"]["swapped"] is planned["swap"]["would_swap"] is True
+        on_disk = json.loads(Path(out["run_dir"], f"{host}.json").read_text())
+        assert on_disk["outcome"] == "migrated"
+    assert "| gpu1 | tiny-b | migrated |" in Path(out["run_dir"], "summary.md").read_text()
+    cuts = [r for r in lab.hub.requests() if any(f.startswith("cut#") for f in r.get("faults") or [])]
+    assert cuts, "the Hub never cut a connection"
+
+
+def test_4_a_rerun_changes_nothing_and_an_unreachable_host_does_not_stop_the_others(lab, story, tmp_path):
+    pids = {h: main_pid(lab, h) for h in HOSTS}
+    inv = inventory_with(lab, tmp_path, extra_hosts={"gpu9": lab.address("gpu1").rsplit(".", 1)[0] + ".99"})
+    result = runner.run_playbook("migrate.yml", inv, dict(story["vars"], modelswap_serve="tiny-b"))
+    assert result.count("dark", "gpu9") == 1
+    for host in HOSTS:
+        assert result.changed(host) == 0 and result.failed(host) == 0
+        assert main_pid(lab, host) == pids[host]
+        assert result.custom_stats["modelswap_record"][host]["outcome"] == "unchanged"
+        assert result.custom_stats["modelswap_record"][host]["benchmark"] is None
+
+
+def test_5_not_enough_disk_fails_in_preflight_before_any_change(lab, story):
+    pids = {h: main_pid(lab, h) for h in HOSTS}
+    lab.hub.clear_log()
+    out = runner.migrate(str(lab.inventory), serve="tiny-a",
+                         extra_vars=dict(story["vars"], preflight_headroom="100000GiB"))
+    assert not out["ok"]
+    for host in HOSTS:
+        assert out["records"][host]["failure"]["step"] == "preflight"
+        assert "does not fit" in out["records"][host]["failure"]["msg"]
+        assert main_pid(lab, host) == pids[host] and served(lab, host, story["key"]) == ["tiny-b"]
+    assert not [r for r in lab.hub.requests() if r["method"] == "GET" and r.get("file")]
+
+
+def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_completes(lab, story, tmp_path):
+    inv = inventory_with(lab, tmp_path, host_vars={"gpu2": {"modelswap_serve": "tiny-broken"}})
+    result = runner.run_playbook("migrate.yml", inv, dict(story["vars"], migrate_benchmark=False))
+    assert result.rc != 0
+    records = result.custom_stats["modelswap_record"]
+    assert records["gpu1"]["outcome"] == "migrated" and served(lab, "gpu1", story["key"]) == ["tiny-a"]
+    assert records["gpu2"]["outcome"] == "rolled_back" and records["gpu2"]["failure"]["step"] == "swap"
+    assert served(lab, "gpu2", story["key"]) == ["tiny-b"]
+    summary = Path(result.custom_stats["modelswap_run_dir"], "summary.md").read_text()
+    assert "gpu2: swap failed (rolled back to the previous model)" in summary
+    shutil.rmtree(result.custom_stats["modelswap_run_dir"], ignore_errors=True)
