@@ -27,6 +27,8 @@ import json
 import os
 import tempfile
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
+
 SCHEMA = 1
 DEPLOYMENT_KEYS = ("model", "repo_id", "commit", "path", "served_model_name", "unit",
                    "unit_checksum", "env_checksum", "vllm_version", "args", "host", "port")
@@ -153,20 +155,7 @@ def locked(path: str):
 
 def write(path: str, record, mode: int = 0o644) -> None:
     """Replace the record atomically (temp file in the same folder, fsync, rename)."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(dumps(record))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, dumps(record), mode)
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import 
     repo_folder_name,
     validate_repo_id,
 )
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_locks import LockSet
 
 try:
@@ -495,22 +496,7 @@ class RepoLock:
 
 
 def _incompletes(directory: str, recursive: bool) -> list:
-    found = []
-    stack = [directory]
-    while stack:
-        cur = stack.pop()
-        try:
-            it = os.scandir(cur)
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    if recursive:
-                        stack.append(entry.path)
-                elif entry.name.endswith(".incomplete") and entry.is_file(follow_symlinks=False):
-                    found.append(entry.path)
-    return sorted(found)
+    return files_with_suffix(directory, ".incomplete", recursive)
 
 
 def _lock_names(directory: str, skip: str) -> list:

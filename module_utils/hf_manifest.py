@@ -23,8 +23,9 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
+
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
 
 FORMAT = "modelswap.hf_snapshot/1"
 TREE_FORMAT_VERSION = 1          # huggingface_hub's trees/<commit>.json format
@@ -37,21 +38,7 @@ class ManifestError(Exception):
 
 def atomic_write_json(path: str, data, mode: int = 0o644) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file and a rename."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n", mode, makedirs=True)
 
 
 def read_json(path: str):
@@ -223,17 +210,7 @@ def write_ref(repo_path: str, revision: str, commit: str) -> bool:
                 return False
     except OSError:
         pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ref.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(commit)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, commit, 0o644, makedirs=True)
     return True
 
 

@@ -20,6 +20,8 @@ import fcntl
 import os
 import stat
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix
+
 _CONTENTION = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 
 
@@ -28,22 +30,7 @@ def lock_dir(cache_dir: str, folder: str) -> str:
 
 
 def _lock_files(directory: str, recursive: bool = False) -> list:
-    found = []
-    stack = [directory]
-    while stack:
-        cur = stack.pop()
-        try:
-            it = os.scandir(cur)
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                if entry.is_dir(follow_symlinks=False):
-                    if recursive:
-                        stack.append(entry.path)
-                elif entry.name.endswith(".lock") and not entry.is_symlink():
-                    found.append(entry.path)
-    return sorted(found)
+    return files_with_suffix(directory, ".lock", recursive)
 
 
 def probe(path: str):
