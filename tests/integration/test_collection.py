@@ -55,7 +55,7 @@ def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_
     proc = subprocess.run([BIN / "ansible-playbook", "-i", str(lab.inventory), "site.yml"],
                           cwd=other, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "other-repo saw modelswap.vllm 0.1.0" in proc.stdout
+    assert "other-repo saw modelswap.vllm 0.1.0; gpus=0; store=" in proc.stdout
     # It ran the installed copy, not this repository's.
     doc = subprocess.run([BIN / "ansible-doc", "-t", "module", "modelswap.vllm.modelswap_info"],
                          cwd=other, env=env, capture_output=True, text=True)
