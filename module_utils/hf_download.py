@@ -495,6 +495,16 @@ class RepoLock:
                 self.fd = None
 
 
+def _unlink_counted(path: str, removed: list) -> None:
+    """Delete an orphan and note (path, bytes); one already gone is not an error."""
+    size = _size(path)
+    try:
+        os.unlink(path)
+        removed.append((path, size))
+    except FileNotFoundError:
+        pass
+
+
 def _incompletes(directory: str, recursive: bool) -> list:
     return files_with_suffix(directory, ".incomplete", recursive)
 
@@ -529,12 +539,7 @@ def clean_orphans(layout) -> tuple:
                 if not holder.acquire(etag + ".lock"):
                     busy.append(path)
                     continue
-                size = _size(path)
-                try:
-                    os.unlink(path)
-                    removed.append((path, size))
-                except FileNotFoundError:
-                    pass
+                _unlink_counted(path, removed)
         finally:
             holder.release()
         return removed, busy
@@ -547,12 +552,7 @@ def clean_orphans(layout) -> tuple:
             if not holder.acquire(name):
                 return removed, orphans
         for path in orphans:
-            size = _size(path)
-            try:
-                os.unlink(path)
-                removed.append((path, size))
-            except FileNotFoundError:
-                pass
+            _unlink_counted(path, removed)
     finally:
         holder.release()
     return removed, busy
