@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):
+    # run as a script (python tests/lab/labctl.py): the lab's own imports are `tests.lab.*`
+    sys.path.insert(0, str(REPO))
 CACHE = Path(os.environ.get("MODELSWAP_LAB_CACHE", "/var/cache/modelswap-lab"))
 STATE_ROOT = Path(os.environ.get("MODELSWAP_LAB_STATE", "/var/lib/modelswap-lab"))
 HUB_PORT = int(os.environ.get("MODELSWAP_LAB_HUB_PORT", "8480"))
