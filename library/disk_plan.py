@@ -133,6 +133,14 @@ options:
         of a slow or network disk (measured, 50k files cold, 8 threads - 7.1 s down to 4.0 s).
     type: int
     default: 1
+  allow_missing_store:
+    description:
+      - Plan a O(cache_dir) or O(models_dir) that does not exist yet as empty, on the file system of
+        its nearest existing parent. For the preview of a run whose earlier step creates the store
+        (the migrate role's install step). Off, a missing folder is an error, so a mistyped path
+        is not planned as an empty store.
+    type: bool
+    default: false
 attributes:
   check_mode:
     description: Can run in check mode and return the same result without changing the target.
@@ -305,6 +313,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store_context impor
     fs_info,
     host_state,
     scan,
+    store_fs_path,
 )
 
 ACTION = "disk_plan"
@@ -321,6 +330,7 @@ def main():
         clean_orphans=dict(type="bool", default=True),
         download_rate=dict(type="str"),
         fail_on_does_not_fit=dict(type="bool", default=False),
+        allow_missing_store=dict(type="bool", default=False),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
                            required_one_of=[("cache_dir", "models_dir"), ("target", "target_bytes")])
@@ -337,7 +347,7 @@ def main():
         fail(str(exc))
     timings = {}
     store, timings["scan_s"] = scan(module, ACTION)
-    fs = fs_info(store.cache_dir or store.models_dir)
+    fs = fs_info(store_fs_path(module, store))
     try:
         headroom = dp.parse_headroom(p["headroom"], fs["total_bytes"])
     except dp.PlanError as exc:

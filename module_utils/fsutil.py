@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0 (see galaxy.yml)
-"""File-system helpers the modules share: atomic writes and suffix scans."""
+"""File-system helpers the modules share: atomic writes, suffix scans, the nearest folder."""
 from __future__ import annotations
 
 import contextlib
@@ -46,3 +46,14 @@ def files_with_suffix(directory: str, suffix: str, recursive: bool = False) -> l
                 elif entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False):
                     found.append(entry.path)
     return sorted(found)
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` or its closest existing parent: where a folder not yet created would live."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path

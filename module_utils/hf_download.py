@@ -44,7 +44,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import 
     repo_folder_name,
     validate_repo_id,
 )
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix, nearest_existing
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_locks import LockSet
 
 try:
@@ -388,16 +388,6 @@ class LocalDirLayout:
                     if len(extra) >= limit:
                         return extra
         return extra
-
-
-def nearest_existing(path: str) -> str:
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
 
 
 def available_bytes(path: str) -> int:

@@ -15,6 +15,7 @@ import time
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import nearest_existing
 
 DEFAULT_RECORD = "/var/lib/modelswap/deployment.json"
 
@@ -59,6 +60,9 @@ def store_dirs(module, action: str):
         if not path:
             out.append("")
             continue
+        if not os.path.exists(path) and p.get("allow_missing_store"):
+            out.append("")   # planned as empty: an earlier step of the same run creates it
+            continue
         if not os.path.exists(path):
             module.fail_json(msg="%s: %s %s does not exist; create it or fix the path (nothing was "
                                  "changed)" % (action, key, path))
@@ -67,6 +71,13 @@ def store_dirs(module, action: str):
                                  "(nothing was changed)" % (action, key, path))
         out.append(os.path.realpath(path))
     return out[0], out[1]
+
+
+def store_fs_path(module, store) -> str:
+    """The folder whose file system holds the store (for a store still to be created, the
+    nearest existing parent of its path)."""
+    p = module.params
+    return store.cache_dir or store.models_dir or nearest_existing(p["cache_dir"] or p["models_dir"])
 
 
 def scan(module, action: str):

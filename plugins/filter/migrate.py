@@ -46,15 +46,28 @@ def _get(data, *path, default=None):
 
 def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict | None,
                  service: dict | None, benchmark: dict | None = None,
-                 failure: dict | None = None, download_rate: float = 0) -> dict:
+                 failure: dict | None = None, download_rate: float = 0,
+                 install: dict | None = None) -> dict:
     """The seed's todo list for one host, each step with what it would do and its numbers.
 
     plan: preflight's disk_plan result; purge: model_purge's result (check mode: what would go);
     fetch: hf_snapshot's result (check mode: would_fetch); service: vllm_service_result;
     benchmark: {"enabled": bool, "concurrency": [...]}; failure: {"step", "msg"} when a step
-    failed; download_rate: bytes/s used to estimate the download time (0 = unknown).
+    failed; download_rate: bytes/s used to estimate the download time (0 = unknown);
+    install: vllm_service_install_result plus "enabled" (no install step when absent or off).
     """
     steps = []
+    would_install = bool(_get(install, "changed"))
+    if _get(install, "enabled"):
+        version, venv = _get(install, "version", default="?"), _get(install, "venv", default="?")
+        had = _get(install, "installed_version")
+        steps.append({
+            "step": "install", "title": "Install vLLM", "would_install": would_install,
+            "version": version, "venv": venv, "source": _get(install, "source"),
+            "text": (f"install vLLM {version} into {venv} from {_get(install, 'source', default='?')}"
+                     + (f" (replacing {had})" if had else "") + "; the service keeps running"
+                     if would_install else f"vLLM {version} already installed in {venv}"
+                     if install.get("version") else "not reached")})
     fs = _get(plan, "filesystem", default={}) or {}
     free = _get(fs, "available_bytes")
     purge_bytes = _get(purge, "planned_bytes", default=_get(plan, "purge_bytes", default=0)) or 0
@@ -92,6 +105,8 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
         "files": nfiles, "bytes": download, "eta_s": eta,
         "text": (f"download {nfiles} file(s), {human_bytes(download)}"
                  + (f", about {human_seconds(eta)} at {human_bytes(download_rate)}/s" if eta else "")
+                 + (" (listed by the controller: the host gets huggingface_hub with vLLM)"
+                    if _get(fetch, "listed_by") == "controller" else "")
                  if download else "already downloaded and verified")})
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")
@@ -99,9 +114,10 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
         "would_swap": would_swap, "stop": old if would_swap else None, "start": target if would_swap else None,
         "unit": _get(service, "unit"),
-        "text": (f"stop {old or 'nothing'} ({_get(service, 'unit')}), start {target}; serving "
-                 "stops until the new model is ready" if would_swap
-                 else f"{target} already serves with this configuration: no restart")})
+        "text": ((f"stop {old} ({_get(service, 'unit')}), start {target}; serving stops until the new "
+                  "model is ready" if old else
+                  f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
+                 if would_swap else f"{target} already serves with this configuration: no restart")})
     bench_on = bool(_get(benchmark, "enabled")) and would_swap
     ladder = _get(benchmark, "concurrency", default=[])
     steps.append({"step": "benchmark", "title": "Benchmark at rising concurrency",
@@ -109,11 +125,14 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                   "text": (f"Locust ladder C={','.join(str(c) for c in ladder)}" if bench_on
                            else "skipped")})
     if failure:
-        for step in steps:
-            if step["step"] == failure.get("step"):
-                step["failed"] = failure.get("msg")
-    return {"target": target, "steps": steps, "ready": not failure, "changes": bool(removed or download or would_swap),
-            "failure": failure}
+        failed_at = next((n for n, s in enumerate(steps) if s["step"] == failure.get("step")), None)
+        if failed_at is not None:
+            steps[failed_at]["failed"] = failure.get("msg")
+            # what the later steps would have done is unknown: they never ran
+            for step in steps[failed_at + 1:]:
+                step["text"], step["reached"] = "not reached", False
+    return {"target": target, "steps": steps, "ready": not failure,
+            "changes": bool(would_install or removed or download or would_swap), "failure": failure}
 
 
 def plan_lines(plan: dict, host: str) -> list[str]:

@@ -97,6 +97,31 @@ def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
     story["preview"] = out["plan"]
 
 
+def test_2b_the_preview_of_a_host_without_vllm_installs_first_and_changes_nothing(lab, story):
+    """A host that has no vLLM in modelswap's virtualenv yet (here: a virtualenv path and a store
+    that do not exist), such as a fleet run by hand until now."""
+    venv, store = "/opt/modelswap/venvs/preview-new", "/var/lib/modelswap-new/hf/hub"
+    pids = {h: main_pid(lab, h) for h in HOSTS}
+    lab.hub.clear_log()
+    out = runner.preview(str(lab.inventory), serve="tiny-b", extra_vars=dict(
+        story["vars"], vllm_service_venv=venv, modelswap_hf_python=f"{venv}/bin/python", modelswap_hf_cache=store))
+    assert out["ok"], out["run"]["failures"]
+    for host in HOSTS:
+        steps = {s["step"]: s for s in out["plan"][host]["steps"]}
+        assert list(steps) == ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
+        assert steps["install"]["would_install"] and steps["install"]["venv"] == venv
+        assert steps["preflight"]["verdict"] == "fits" and steps["purge"]["items"] == []
+        # the whole of tiny-b, as the preview with vLLM in place listed it on the host
+        on_host = {s["step"]: s for s in story["preview"][host]["steps"]}["fetch"]
+        assert steps["fetch"]["files"] == on_host["files"] == 7
+        assert steps["fetch"]["bytes"] == on_host["bytes"]
+        assert "listed by the controller" in steps["fetch"]["text"]
+        assert steps["swap"]["would_swap"] and steps["swap"]["stop"] == "tiny-a"
+        assert main_pid(lab, host) == pids[host]
+        assert lab.ssh(host, f"test -e {venv} || test -e /var/lib/modelswap-new", check=False).returncode != 0
+    assert not [r for r in lab.hub.requests() if r["method"] == "GET" and r.get("file")]
+
+
 def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connections(lab, story):
     lab.hub.fault("cut", after=2_000_000, file="model.safetensors", count=2)
     seen, stop = [], threading.Event()

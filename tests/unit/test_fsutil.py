@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text, files_with_suffix
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import (
+    atomic_write_text, files_with_suffix, nearest_existing)
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +42,10 @@ def test_files_with_suffix_skips_symlinks_and_descends_only_when_asked(tmp_path)
     assert files_with_suffix(str(tmp_path), ".lock", recursive=True) == [
         str(tmp_path / "a.lock"), str(tmp_path / "deep" / "b.lock")]
     assert files_with_suffix(str(tmp_path / "missing"), ".lock") == []
+
+
+def test_nearest_existing_is_the_path_or_its_closest_parent(tmp_path):
+    (tmp_path / "a").mkdir()
+    assert nearest_existing(str(tmp_path / "a")) == str(tmp_path / "a")
+    assert nearest_existing(str(tmp_path / "a" / "b" / "c")) == str(tmp_path / "a")
+    assert nearest_existing("/") == "/"

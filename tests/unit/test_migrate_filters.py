@@ -85,6 +85,45 @@ def test_the_record_times_each_step_from_its_marks():
     assert record["benchmark"]["report"] == "r.md"
 
 
+INSTALL = {"enabled": True, "changed": True, "version": "0.32.0", "venv": "/opt/modelswap/venvs/vllm-0.32.0",
+           "installed_version": None, "source": "/opt/wheelhouse/requirements.lock"}
+
+
+def test_a_first_install_is_the_first_step_of_the_preview():
+    listing = {"commit": "c" * 40, "would_fetch": {"files": ["a", "b"], "bytes": 3 * GIB}, "listed_by": "controller"}
+    plan = migrate_plan("tiny-a", {"verdict": "fits", "filesystem": {"available_bytes": 50 * GIB},
+                                   "target": {"needed_bytes": 3 * GIB, "download_bytes": 3 * GIB}},
+                        None, listing, {"would_swap": True, "unit": "vllm.service"},
+                        {"enabled": False}, None, 0, INSTALL)
+    steps = {s["step"]: s for s in plan["steps"]}
+    assert list(steps) == ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
+    assert steps["install"]["would_install"] and plan["changes"]
+    assert steps["install"]["text"] == ("install vLLM 0.32.0 into /opt/modelswap/venvs/vllm-0.32.0 from "
+                                        "/opt/wheelhouse/requirements.lock; the service keeps running")
+    assert steps["fetch"]["files"] == 2 and "listed by the controller" in steps["fetch"]["text"]
+    assert steps["swap"]["stop"] is None
+    assert steps["swap"]["text"] == "start tiny-a (vllm.service); nothing serves on this host yet"
+
+
+def test_an_installed_vllm_is_no_change_and_an_upgrade_names_the_old_version():
+    same = migrate_plan("t", None, None, None, None, None, None, 0, dict(INSTALL, changed=False))
+    assert same["steps"][0]["text"] == "vLLM 0.32.0 already installed in /opt/modelswap/venvs/vllm-0.32.0"
+    assert not same["changes"]
+    upgrade = migrate_plan("t", None, None, None, None, None, None, 0, dict(INSTALL, installed_version="0.31.1"))
+    assert "(replacing 0.31.1)" in upgrade["steps"][0]["text"]
+    off = migrate_plan("t", None, None, None, None, None, None, 0, dict(INSTALL, enabled=False))
+    assert off["steps"][0]["step"] == "preflight"
+
+
+def test_steps_after_a_failure_say_they_were_not_reached():
+    failure = {"step": "preflight", "msg": "does not fit"}
+    plan = migrate_plan("kimi", PLAN, None, None, None, {"enabled": True, "concurrency": [1]}, failure, 0, INSTALL)
+    texts = {s["step"]: s["text"] for s in plan["steps"]}
+    assert texts["install"].startswith("install vLLM") and texts["preflight"].startswith("free 100.0 GiB")
+    assert [texts[s] for s in ("purge", "fetch", "swap", "benchmark")] == ["not reached"] * 4
+    assert [s.get("reached", True) for s in plan["steps"]] == [True, True, False, False, False, False]
+
+
 def test_filters_are_registered_and_bytes_read_like_df():
     assert set(FilterModule().filters()) >= {"migrate_plan", "migrate_plan_lines", "migrate_record", "human_bytes"}
     assert human_bytes(0) == "0 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(None) == "?"

@@ -443,6 +443,23 @@ def test_disk_plan_bad_input(tmp_path, extra, words):
     assert tree_fingerprint(tmp_path) == fp
 
 
+@pytest.mark.unit
+def test_a_store_still_to_be_created_is_planned_empty_only_when_allowed(tmp_path):
+    """The preview of a first install: the store the install step would create does not exist."""
+    missing = tmp_path / "lib" / "modelswap" / "hub"
+    args = {"cache_dir": str(missing), "models": {"t": {"repo_id": "org/new", "revision": "b" * 40}},
+            "target": "t", "target_bytes": 3_000_000, "vllm_unit": "",
+            "deployment_record": str(tmp_path / "none.json")}
+    refused = run_module("disk_plan", args)
+    assert refused.get("failed") and "does not exist" in refused["msg"]
+    res = run_module("disk_plan", dict(args, allow_missing_store=True))
+    assert not res.get("failed"), res
+    assert res["verdict"] == "fits" and res["purge"] == []
+    assert res["target"]["download_bytes"] == 3_000_000
+    # planned on the file system of the nearest existing parent; nothing was created
+    assert res["filesystem"]["path"] == str(tmp_path) and not (tmp_path / "lib").exists()
+
+
 BAD_PURGE = [
     ("missing-store", {"models_dir": "{tmp}/nope"}, "does not exist"),
     ("store-is-a-file", {"cache_dir": "{tmp}/file"}, "is not a directory"),
