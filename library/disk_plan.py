@@ -22,9 +22,11 @@ description:
   - Freed bytes are allocated bytes (what C(df) sees), computed with huggingface_hub's deletion
     rules. A revision's blob goes only when no remaining revision links it, so blobs shared
     between revisions are counted once; a hard-linked file only when its last link goes.
-  - Never proposes the served model (from the deployment record and the vLLM unit), the target or
-    the O(keep) models. If only purging the served model would make room, the verdict says so and
-    names the downtime it implies; it is proposed only with O(allow_served_purge=true).
+  - Never proposes the served model (from the deployment record, the vLLM unit and every running
+    vLLM server on the host, also one started by hand or under another unit, whose command line
+    names the model; a server in a container is not seen), the target or the O(keep) models.
+    If only purging the served model would make room, the verdict says so and names the
+    downtime it implies; it is proposed only with O(allow_served_purge=true).
   - The cache scan is a single C(os.scandir) walk, several times faster than
     C(huggingface_hub.scan_cache_dir) on big caches (see tests/bench/bench_disk_plan.py).
 options:

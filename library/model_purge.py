@@ -15,7 +15,8 @@ description:
     strategy (C(scan_cache_dir().delete_revisions(...))), so blobs that a remaining revision or
     another repo shares survive; and removes plain model directories.
   - Refuses, before deleting anything and with a message naming the item and the rule, the
-    served model (from the deployment record, the running vLLM unit and O(served)), the target,
+    served model (from the deployment record, the running vLLM unit, any running vLLM server
+    and O(served)), the target,
     O(keep) models, O(protect_paths), anything outside O(roots), a root itself, a path that
     leaves the roots through a symlink, and a revision whose snapshot links point outside its
     repo (huggingface_hub would delete the link targets).
@@ -87,8 +88,8 @@ options:
     default: []
   allow_served_purge:
     description:
-      - Allow deleting the served model (downtime). Still refused while its vLLM unit runs, or when
-        its state is unknown.
+      - Allow deleting the served model (downtime). Still refused while its vLLM unit runs, while
+        any vLLM server process serves it, or when its state is unknown.
     type: bool
     default: false
   missing:
@@ -323,6 +324,11 @@ def main():
         guard = dp.protecting(item, protections)
         if guard is not None:
             if guard.rule == "served" and p["allow_served_purge"] and item in state["served_items"]:
+                live = dp.protecting(item, state["running"])
+                if live is not None:
+                    refused.append({"item": text, "rule": "served", "why": (
+                        "it is %s; stop that server before purging the model it serves" % live.label)})
+                    continue
                 if state["served"]["unit_active"] is not False:
                     refused.append({"item": text, "rule": "served", "why": (
                         "it is %s and unit %s is %s; stop the service before purging the served "

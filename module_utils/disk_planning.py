@@ -649,11 +649,12 @@ def items_protected_by(store, protection: Protection) -> list:
 
 def build_protections(store, *, models=None, target=None, target_commit: str = "", keep=(),
                       served=None, record=None, record_path: str = "", unit=None,
-                      unit_name: str = "", protect_paths=()) -> dict:
+                      unit_name: str = "", protect_paths=(), processes=()) -> dict:
     """Protections and the served model, from the catalog names and what the host says.
 
     ``record`` is the deployment record (dict or None), ``unit`` what served_model.served_from_unit
-    returned (or None). Unknown catalog names raise PlanError.
+    returned (or None), ``processes`` the running vLLM servers (served_model.served_by_processes).
+    Unknown catalog names raise PlanError.
     """
     protections = []
     served_prot = []
@@ -686,6 +687,14 @@ def build_protections(store, *, models=None, target=None, target_commit: str = "
         served_prot.append(p)
         served_info["path"] = served_info["path"] or unit["model"]
         served_info["sources"].append("unit")
+    running = []
+    for proc in processes or ():
+        label = "the model of the running vLLM server, PID %s" % proc["pid"]
+        running.append(protect_model_ref(store, proc["model"], "served", label))
+        served_prot.append(running[-1])
+        served_info["path"] = served_info["path"] or proc["model"]
+        if "process" not in served_info["sources"]:
+            served_info["sources"].append("process")
     protections.extend(served_prot)
     target_info = None
     if target:
@@ -710,4 +719,4 @@ def build_protections(store, *, models=None, target=None, target_commit: str = "
     served_items = [i for i in served_items if protecting(i, others) is None]
     served_label = repr(served_info["name"] or served_info["repo_id"] or served_info["path"] or "?")
     return {"protections": protections, "served_items": served_items, "served": served_info,
-            "served_label": served_label, "target": target_info}
+            "served_label": served_label, "target": target_info, "running": running}

@@ -67,6 +67,33 @@ def process_info(pid, proc=PROC):
             "cmdline": cmdline or ("[%s]" % name if name else "")}
 
 
+def process_argv(pid, proc=PROC):
+    """(argv, cwd) of `pid`: its NUL-separated /proc/PID/cmdline, whole, and its working folder
+    (None when it cannot be read: another user's process without privileges). None when gone."""
+    base = os.path.join(proc, str(pid))
+    try:
+        with open(os.path.join(base, "cmdline"), "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    argv = [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+    try:
+        cwd = os.readlink(os.path.join(base, "cwd"))
+    except OSError:
+        cwd = None
+    return argv, cwd
+
+
+def other_mount_namespace(pid, proc=PROC) -> bool:
+    """Whether `pid` sees another file system tree than this process (a container's): its paths
+    mean something else here. False when that cannot be read."""
+    try:
+        return os.readlink(os.path.join(proc, str(pid), "ns", "mnt")) != os.readlink(
+            os.path.join(proc, "self", "ns", "mnt"))
+    except OSError:
+        return False
+
+
 def _maps_device(field):
     """/proc/PID/maps' device field "MM:mm" (hex) as (major, minor)."""
     major, _, minor = field.partition(":")

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0
-"""What a host serves now: its deployment record and the ExecStart of its vLLM unit.
+"""What a host serves now: its deployment record, the ExecStart of its vLLM unit, and the
+vLLM servers running on it (also those started by hand or under another unit).
 
 The deployment record (default /var/lib/modelswap/deployment.json, written by the vllm_service
 role) is ``{"model": name, "repo_id": ..., "commit": ..., "path": ..., "previous": {...}}``.
@@ -88,6 +89,34 @@ def model_from_argv(argv: list):
             if i + 1 < len(argv) and not argv[i + 1].startswith("-"):
                 return argv[i + 1]
     return None
+
+
+def is_vllm_server(argv: list) -> bool:
+    """`vllm serve ...` (also run by a Python interpreter) or `python -m vllm.entrypoints...`."""
+    for i, tok in enumerate(argv[:3]):
+        if os.path.basename(tok).startswith("vllm") and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return i == 0 or os.path.basename(argv[0]).startswith("python")
+    return any(tok == "-m" and nxt.startswith("vllm.entrypoints") for tok, nxt in zip(argv, argv[1:]))
+
+
+def served_by_processes(processes, exists=os.path.exists) -> list:
+    """[{"pid", "model"}] of the vLLM servers among ``processes``, (pid, argv, cwd) tuples.
+
+    A relative model argument that names a folder under the process's working folder is made
+    absolute (as vLLM prefers a local folder to a repo id); otherwise it stays as it is. Forked
+    workers repeat their parent's command line: one entry per model, the lowest PID.
+    """
+    found = {}
+    for pid, argv, cwd in sorted(processes, key=lambda p: p[0]):
+        if not is_vllm_server(argv):
+            continue
+        model = model_from_argv(argv)
+        if not model:
+            continue
+        if cwd and not os.path.isabs(model) and exists(os.path.join(cwd, model)):
+            model = os.path.normpath(os.path.join(cwd, model))
+        found.setdefault(model, {"pid": pid, "model": model})
+    return list(found.values())
 
 
 def served_from_unit(show: dict):

@@ -14,6 +14,7 @@ import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
 from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
 from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import nearest_existing
 
@@ -90,8 +91,20 @@ def scan(module, action: str):
     return store, time.monotonic() - started
 
 
+def running_vllm_servers(proc: str = procfs.PROC) -> list:
+    """The vLLM servers running on the host, whoever started them (served_by_processes()).
+    Servers in containers are left out: their model paths are the container's."""
+    processes = []
+    for pid in procfs.pids(proc):
+        found = procfs.process_argv(pid, proc)
+        if found is not None and not procfs.other_mount_namespace(pid, proc):
+            processes.append((pid, found[0], found[1]))
+    return sm.served_by_processes(processes)
+
+
 def host_state(module, store, action: str, target_commit: str = "") -> dict:
-    """build_protections() from the module's options, the deployment record and the vLLM unit."""
+    """build_protections() from the module's options, the deployment record, the vLLM unit and
+    the vLLM servers running on the host (one started by hand serves a model too)."""
     p = module.params
     try:
         record = sm.read_deployment_record(p["deployment_record"]) if p["deployment_record"] else None
@@ -102,10 +115,12 @@ def host_state(module, store, action: str, target_commit: str = "") -> dict:
         state = dp.build_protections(
             store, models=p["models"], target=p["target"], target_commit=target_commit,
             keep=p["keep"], served=p["served"], record=record, record_path=p["deployment_record"],
-            unit=unit, unit_name=p["vllm_unit"], protect_paths=p["protect_paths"])
+            unit=unit, unit_name=p["vllm_unit"], protect_paths=p["protect_paths"],
+            processes=running_vllm_servers())
     except dp.PlanError as exc:
         module.fail_json(msg="%s: %s (nothing was changed)" % (action, exc))
     if not state["served"]["sources"]:
         module.warn("%s: the served model is unknown (no deployment record at %s, no model in unit "
-                    "%s): nothing is protected as served" % (action, p["deployment_record"], p["vllm_unit"]))
+                    "%s, no vLLM server running): nothing is protected as served"
+                    % (action, p["deployment_record"], p["vllm_unit"]))
     return state

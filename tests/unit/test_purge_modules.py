@@ -499,3 +499,43 @@ def test_model_purge_absent_item_is_idempotent_by_default(tmp_path):
     res = run_module("model_purge", {"cache_dir": str(cache), "items": ["org/absent"], "vllm_unit": "",
                                      "deployment_record": str(tmp_path / "none.json")})
     assert res.get("failed") is not True and res["changed"] is False and res["absent"] == ["org/absent"]
+
+
+@pytest.fixture
+def hand_started_vllm(tmp_path):
+    """A real process whose command line is a vLLM server's, started by hand from the store's
+    folder with a relative model path (as an operator does in tmux): `vllm serve ./old --port 0`."""
+    models = tmp_path / "models"
+    for name in ("old", "spare"):
+        (models / name).mkdir(parents=True)
+        (models / name / "model.safetensors").write_bytes(b"w" * 50_000)
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    script.write_text("#!%s\nimport time\ntime.sleep(120)\n" % sys.executable)
+    script.chmod(0o755)
+    proc = subprocess.Popen([str(script), "serve", "./old", "--port", "0"], cwd=models)
+    try:
+        for _ in range(100):   # until /proc shows its own command line (not the interpreter's yet)
+            if b"serve" in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        yield models, proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.unit
+def test_a_model_served_by_a_vllm_started_by_hand_is_never_purged(tmp_path, hand_started_vllm):
+    models, pid = hand_started_vllm
+    common = {"models_dir": str(models), "vllm_unit": "", "deployment_record": str(tmp_path / "none.json")}
+    plan = run_module("disk_plan", dict(common, target_bytes=10))
+    assert not plan.get("failed"), plan
+    assert "process" in plan["served"]["sources"] and plan["served"]["path"] == str(models / "old")
+    assert [c["item"] for c in plan["candidates"]] == [str(models / "spare")]
+    assert any(f"PID {pid}" in p["what"] for p in plan["protected"])
+    fp = tree_fingerprint(models)
+    for extra in ({}, {"allow_served_purge": True}):
+        res = run_module("model_purge", dict(common, items=[str(models / "old")], **extra))
+        assert res.get("failed") and f"the running vLLM server, PID {pid}" in res["msg"], res
+    assert tree_fingerprint(models) == fp

@@ -34,6 +34,33 @@ def test_model_from_exec_start(value, model):
     assert sm.model_from_argv(sm.exec_start_argv(value)) == model
 
 
+@pytest.mark.parametrize("argv,server", [
+    (["/opt/vllm/bin/vllm", "serve", SNAP, "--port", "8000"], True),
+    (["/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "org/m"], True),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "org/m"], True),
+    (["/usr/bin/python3", "-m", "vllm.entrypoints.cli.main", "serve", "org/m"], True),
+    (["/usr/bin/vim", "serve", "notes.txt"], False),
+    (["/usr/bin/python3", "train.py", "--model", "org/m"], False),     # --model alone is no server
+    (["/usr/bin/grep", "vllm", "serve"], False),
+    ([], False),
+])
+def test_is_vllm_server(argv, server):
+    assert sm.is_vllm_server(argv) is server
+
+
+def test_served_by_processes_resolves_local_folders_and_merges_workers():
+    procs = [
+        (40, ["/v/bin/vllm", "serve", "kimi", "--tensor-parallel-size", "8"], "/data/models"),
+        (41, ["/v/bin/vllm", "serve", "kimi", "--tensor-parallel-size", "8"], "/data/models"),  # a forked worker
+        (50, ["/v/bin/vllm", "serve", "org/m"], "/root"),          # a repo id: no such folder under /root
+        (60, ["/v/bin/vllm", "serve", "./x"], None),               # working folder unreadable
+        (70, ["/usr/bin/sleep", "100"], "/"),
+    ]
+    found = sm.served_by_processes(procs, exists=lambda path: path == "/data/models/kimi")
+    assert found == [{"pid": 40, "model": "/data/models/kimi"}, {"pid": 50, "model": "org/m"},
+                     {"pid": 60, "model": "./x"}]
+
+
 def test_unit_file_exec_start_with_continuation():
     text = "[Service]\nExecStartPre=/bin/true\nExecStart=/opt/vllm/bin/vllm serve \\\n  /models/m \\\n  --port 1\n"
     assert sm.model_from_argv(sm.exec_start_argv(sm.exec_start_from_unit_file(text))) == "/models/m"
