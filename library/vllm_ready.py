@@ -99,6 +99,13 @@ options:
       - Run the completion gate. Turn off only for servers that cannot complete (embeddings).
     type: bool
     default: true
+  api:
+    description:
+      - Pass the C(/v1/models) and completion gates too. C(false) stops after C(/health), for a
+        server whose API key modelswap does not know (a unit set up by hand that a failed swap
+        starts again).
+    type: bool
+    default: true
   prompt:
     description:
       - The prompt of the one-token completion.
@@ -371,6 +378,7 @@ def main():
             poll_interval=dict(type="float", default=2.0),
             request_timeout=dict(type="float", default=10.0),
             completion=dict(type="bool", default=True),
+            api=dict(type="bool", default=True),
             prompt=dict(type="str", default="Hello"),
             unit=dict(type="str"),
             check_port_owner=dict(type="bool", default=True),
@@ -438,7 +446,7 @@ def main():
         served_name=params["served_model_name"], api_key=params["api_key"],
         budget=budget["seconds"], poll=params["poll_interval"],
         request_timeout=params["request_timeout"], completion=params["completion"],
-        prompt=params["prompt"], scheme=params["scheme"], check=check)
+        prompt=params["prompt"], scheme=params["scheme"], check=check, api=params["api"])
     result = dict(outcome, budget=budget, changed=False, monotonic=time.monotonic(),
                   port_listeners=state["listeners"] or vllm_probe.port_listeners(params["port"]))
     if unit:

@@ -28,9 +28,17 @@ options:
       - The systemd unit of the serving slot.
     type: str
     default: vllm.service
+  replaces:
+    description:
+      - Units that serve a model outside modelswap (set up by hand) and that the slot replaces.
+        Their state is reported in RV(replaces); their listeners on O(port) are not foreign.
+    type: list
+    elements: str
+    default: []
   port:
     description:
-      - The serving port; its listeners are reported in RV(port), those outside O(unit) marked foreign.
+      - The serving port; its listeners are reported in RV(port), those outside O(unit) and
+        O(replaces) marked foreign.
     type: int
   record_path:
     description:
@@ -142,12 +150,19 @@ previous:
   type: dict
 unit:
   description: The unit's state - C(loaded), C(active_state), C(sub_state), C(main_pid),
-    C(n_restarts), C(fragment_path), C(model) (what its ExecStart serves).
+    C(n_restarts), C(fragment_path), C(unit_file_state) (C(enabled), C(disabled)...), C(model)
+    (what its ExecStart serves).
   returned: always
   type: dict
   sample: {"loaded": true, "active_state": "active", "sub_state": "running", "main_pid": 812,
            "n_restarts": 0, "fragment_path": "/etc/systemd/system/vllm.service",
+           "unit_file_state": "enabled",
            "model": "/var/lib/modelswap/hf/hub/models--lab--tiny-a/snapshots/0a1b..."}
+replaces:
+  description: The state of each unit of O(replaces), as RV(unit), with its name in C(unit).
+  returned: always
+  type: list
+  elements: dict
 port:
   description: Listeners on O(port) (PID, user, command line, unit, address, and C(text), a
     one-line description) and C(foreign), those outside O(unit).
@@ -188,7 +203,7 @@ VERSION_SNIPPET = "import importlib.metadata as m; print(m.version('vllm'))"
 
 
 NO_UNIT = {"loaded": False, "active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0,
-           "fragment_path": None, "model": None}
+           "fragment_path": None, "unit_file_state": None, "model": None}
 
 
 def unit_facts(module, unit):
@@ -197,7 +212,7 @@ def unit_facts(module, unit):
         return dict(NO_UNIT, reason="systemctl not found")
     rc, out, err = module.run_command(
         [systemctl, "show", "--property=LoadState,ActiveState,SubState,MainPID,NRestarts,"
-         "FragmentPath,ExecStart,ControlGroup", "--", unit],
+         "FragmentPath,ExecStart,ControlGroup,UnitFileState", "--", unit],
         environ_update={"LANG": "C", "LC_ALL": "C"})
     if rc != 0:
         # systemd is not running (a container without it, a build host): no unit can be loaded
@@ -211,6 +226,7 @@ def unit_facts(module, unit):
         "main_pid": int(show.get("MainPID") or 0),
         "n_restarts": int(show.get("NRestarts") or 0) if (show.get("NRestarts") or "0").isdigit() else 0,
         "fragment_path": show.get("FragmentPath") or None,
+        "unit_file_state": show.get("UnitFileState") or None,
         "model": model_from_argv(exec_start_argv(show.get("ExecStart", ""))) if loaded else None,
     }
 
@@ -232,6 +248,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             unit=dict(type="str", default="vllm.service"),
+            replaces=dict(type="list", elements="str", default=[]),
             port=dict(type="int"),
             record_path=dict(type="path", default="/var/lib/modelswap/deployment.json"),
             model=dict(type="dict", options=dict(
@@ -255,13 +272,14 @@ def main():
         module.fail_json(msg="vllm_service_facts: %s" % exc)
     result = {"changed": False, "record": record, "deployment": dr.current(record),
               "previous": dr.previous(record), "unit": unit_facts(module, p["unit"]),
+              "replaces": [dict(unit_facts(module, name), unit=name) for name in p["replaces"]],
               "files": {path: os.path.exists(path) for path in p["paths"]}}
     if p["port"] is not None:
         listeners = vllm_probe.port_listeners(p["port"])
         for entry in listeners:
             entry["text"] = vllm_probe.describe_listener(entry)
         result["port"] = {"port": p["port"], "listeners": listeners,
-                          "foreign": vllm_probe.foreign_listeners(listeners, p["unit"])}
+                          "foreign": vllm_probe.foreign_listeners(listeners, p["unit"], p["replaces"])}
     if p["model"]:
         m = p["model"]
         result["snapshot"] = snapshot_check.check(

@@ -172,17 +172,19 @@ def gate_completion(base, model, api_key, prompt, timeout):
 
 def wait_ready(*, host, port, served_name=None, api_key=None, budget=300.0, poll=2.0,
                request_timeout=10.0, completion=True, prompt="Hello", scheme="http",
-               check=None, clock=time.monotonic, sleep=time.sleep) -> dict:
+               check=None, clock=time.monotonic, sleep=time.sleep, api=True) -> dict:
     """Walk the gates until all pass, a final error, ``check()`` says stop, or the budget ends.
 
     ``check()`` is called between attempts (and before each gate): it returns None to go on or a
     message that ends the wait (the unit exited, a foreign process owns the port).
 
+    ``api=False`` stops after /health (a server whose API key is not known here).
+
     Returns {"ready", "gates": {gate: seconds}, "elapsed", "failed_gate", "last_error",
     "models", "completion", "stopped_by"}.
     """
     base = "%s://%s:%d" % (scheme, host if ":" not in host else "[%s]" % host, port)
-    gates = [g for g in GATES if completion or g != "completion"]
+    gates = [g for g in GATES if (completion or g != "completion") and (api or g in ("port", "health"))]
     start = clock()
     mark = start
     done = {}
@@ -460,9 +462,10 @@ def port_listeners(port: int, proc: str = PROC) -> list:
     return dedup
 
 
-def foreign_listeners(listeners: list, unit) -> list:
-    """The listeners that do not belong to ``unit`` (all of them when ``unit`` is empty)."""
-    return [e for e in listeners if not unit or e.get("unit") != unit]
+def foreign_listeners(listeners: list, unit, also=()) -> list:
+    """The listeners that belong neither to ``unit`` nor to the units in ``also`` (all of them
+    when ``unit`` is empty)."""
+    return [e for e in listeners if not unit or e.get("unit") not in (unit, *also)]
 
 
 def unit_processes(unit: str, proc: str = PROC) -> list:

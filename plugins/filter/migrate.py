@@ -110,13 +110,15 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                  if download else "already downloaded and verified")})
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")
+    units = _get(service, "replaced_units", default=[]) or []
+    stops = ([f"{old} ({_get(service, 'unit')})"] if old else []) + [
+        f"{u} (set up outside modelswap; disabled)" for u in units]
     steps.append({
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
-        "would_swap": would_swap, "stop": old if would_swap else None, "start": target if would_swap else None,
-        "unit": _get(service, "unit"),
-        "text": ((f"stop {old} ({_get(service, 'unit')}), start {target}; serving stops until the new "
-                  "model is ready" if old else
-                  f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
+        "would_swap": would_swap, "stop": (old or ", ".join(units) or None) if would_swap else None,
+        "start": target if would_swap else None, "unit": _get(service, "unit"), "replaced_units": units,
+        "text": ((f"stop {', '.join(stops)}, start {target}; serving stops until the new model is ready"
+                  if stops else f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
                  if would_swap else f"{target} already serves with this configuration: no restart")})
     bench_on = bool(_get(benchmark, "enabled")) and would_swap
     ladder = _get(benchmark, "concurrency", default=[])

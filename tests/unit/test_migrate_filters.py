@@ -124,6 +124,15 @@ def test_steps_after_a_failure_say_they_were_not_reached():
     assert [s.get("reached", True) for s in plan["steps"]] == [True, True, False, False, False, False]
 
 
+def test_a_unit_set_up_by_hand_that_the_swap_replaces_is_named():
+    service = {"would_swap": True, "unit": "vllm.service", "replaced_units": ["vllm-minimax.service"]}
+    plan = migrate_plan("kimi", None, None, None, service)
+    swap = {s["step"]: s for s in plan["steps"]}["swap"]
+    assert swap["stop"] == "vllm-minimax.service" and swap["replaced_units"] == ["vllm-minimax.service"]
+    assert swap["text"] == ("stop vllm-minimax.service (set up outside modelswap; disabled), start kimi; "
+                            "serving stops until the new model is ready")
+
+
 def test_filters_are_registered_and_bytes_read_like_df():
     assert set(FilterModule().filters()) >= {"migrate_plan", "migrate_plan_lines", "migrate_record", "human_bytes"}
     assert human_bytes(0) == "0 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(None) == "?"

@@ -133,6 +133,14 @@ def test_health_that_stays_503_fails_at_the_health_gate():
     assert list(out["gates"]) == ["port"]
 
 
+def test_without_the_api_gates_a_server_of_unknown_key_is_ready_at_health():
+    fake = FakeVllm()
+    with serve(fake) as port:
+        out = vp.wait_ready(host="127.0.0.1", port=port, api_key="not-its-key", budget=30, poll=0.05,
+                            api=False)
+    assert out["ready"] is True and list(out["gates"]) == ["port", "health"]
+
+
 def test_wrong_api_key_stops_at_once():
     fake = FakeVllm()
     with serve(fake) as port:
@@ -279,6 +287,8 @@ def test_port_listeners_and_foreign_ones(tmp_path):
     assert vp.describe_listener(foreign[0]).startswith("pid 900, user ")
     assert "unit session-1.scope: python3 -m http.server 8100" in vp.describe_listener(foreign[0])
     assert vp.foreign_listeners(listeners, None) == listeners
+    # a unit the slot replaces (set up by hand) is not foreign
+    assert vp.foreign_listeners(listeners, "vllm.service", ["session-1.scope"]) == []
     assert vp.port_listeners(9999, proc) == []
     assert [p["pid"] for p in vp.unit_processes("vllm.service", proc)] == [812, 950]
 
