@@ -202,6 +202,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
@@ -501,8 +502,9 @@ def main():
             if effect.removes_repo:
                 shutil.rmtree(sl.lock_dir(store.cache_dir, folder), ignore_errors=True)
             else:
-                for commit in commits:  # metadata huggingface_hub leaves behind
-                    for meta in (os.path.join(repo.path, "trees", commit + ".json"),):
+                for commit in commits:  # metadata huggingface_hub and hf_snapshot leave behind
+                    for meta in (os.path.join(repo.path, "trees", commit + ".json"),
+                                 hf_manifest.manifest_path(repo.path, commit)):
                         if os.path.lexists(meta):
                             os.unlink(meta)
                     no_exist = os.path.join(repo.path, ".no_exist", commit)

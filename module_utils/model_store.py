@@ -419,12 +419,14 @@ def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
                                 repo.refs[name] = fh.read()
                         except (OSError, UnicodeDecodeError):
                             repo.problems.append("ref %s is unreadable" % r.path)
-        elif entry.name in ("trees", ".no_exist") and stat.S_ISDIR(est.st_mode):
+        # per-commit metadata: huggingface_hub's tree listings and missing-file markers, and
+        # hf_snapshot's manifests (modelswap/<commit>.json); each goes with its revision
+        elif entry.name in ("trees", ".no_exist", "modelswap") and stat.S_ISDIR(est.st_mode):
             _record(store, est, rest)
             with os.scandir(entry.path) as it:
                 for t in it:
                     tst = t.stat(follow_symlinks=False)
-                    commit = t.name[:-5] if entry.name == "trees" and t.name.endswith(".json") else t.name
+                    commit = t.name[:-5] if entry.name != ".no_exist" and t.name.endswith(".json") else t.name
                     bucket = repo.parts[("meta", commit)] if COMMIT_RE.match(commit) else rest
                     _record(store, tst, bucket)
                     if stat.S_ISDIR(tst.st_mode):

@@ -224,7 +224,11 @@ def test_plan_then_purge_frees_exactly_what_was_planned(world):
 
 @pytest.mark.hub
 def test_old_revision_goes_and_shared_blobs_survive(world):
-    v1 = world.commits["old-v1"]
+    v1, v2_commit = world.commits["old-v1"], world.commits["old-v2"]
+    manifests = world.cache / "models--lab--old" / "modelswap"    # hf_snapshot's, per commit
+    manifests.mkdir(exist_ok=True)
+    for commit in (v1, v2_commit):
+        (manifests / (commit + ".json")).write_text("{}")
     before_free, before_usage = world.fs.free(), world.usage()
     res = ok(world.purge(["lab/old@" + v1]))
     measured, du = freed_measured(world, before_free, before_usage)
@@ -235,6 +239,7 @@ def test_old_revision_goes_and_shared_blobs_survive(world):
     assert (v2 / "model.safetensors").read_bytes() == CONTENT["old-v2"]["model.safetensors"]
     assert not (world.cache / "models--lab--old" / "snapshots" / v1).exists()
     assert not (world.cache / "models--lab--old" / "trees" / (v1 + ".json")).exists()
+    assert not (manifests / (v1 + ".json")).exists() and (manifests / (v2_commit + ".json")).exists()
     assert ok(world.purge(["lab/old@" + v1]))["changed"] is False
 
 
