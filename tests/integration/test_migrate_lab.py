@@ -60,6 +60,8 @@ def story(lab, tmp_path_factory):
     for host in HOSTS:
         lab.ssh(host, "systemctl stop vllm-lab.service 2>/dev/null; true")
         vllm_lab.reset_host(lab, host)
+        # the story downloads tiny-b: start without it, whatever an earlier test left
+        lab.ssh(host, vllm_lab.FORGET_MODEL.format(repo_folder="models--lab--tiny-b", name="tiny-b"))
     state = {"key": lab.api_key, "results": str(results),
              "vars": {"modelswap_results_dir": str(results),
                       "benchmark_results_dir": str(results / "benchmark")}}

@@ -73,6 +73,15 @@ RESET = (
     "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true"
 )
 
+# Delete one fetched model from the host's cache and from the record's `fetched` notes.
+FORGET_MODEL = (
+    "rm -rf /var/lib/modelswap/hf/hub/{repo_folder} /var/lib/modelswap/hf/hub/.locks/{repo_folder}; "
+    "python3 -c 'import json,sys; p=sys.argv[1]\n"
+    "try: d=json.load(open(p))\n"
+    "except FileNotFoundError: sys.exit(0)\n"
+    "d.get(\"fetched\", {{}}).pop(sys.argv[2], None); json.dump(d, open(p, \"w\"))' " + RECORD + " {name}"
+)
+
 
 def reset_host(lab, host: str) -> None:
     """No vllm.service, no saved configurations, no deployment (fetched models stay)."""
