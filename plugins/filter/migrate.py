@@ -61,13 +61,15 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     if _get(install, "enabled"):
         version, venv = _get(install, "version", default="?"), _get(install, "venv", default="?")
         had = _get(install, "installed_version")
-        steps.append({
-            "step": "install", "title": "Install vLLM", "would_install": would_install,
-            "version": version, "venv": venv, "source": _get(install, "source"),
-            "text": (f"install vLLM {version} into {venv} from {_get(install, 'source', default='?')}"
-                     + (f" (replacing {had})" if had else "") + "; the service keeps running"
-                     if would_install else f"vLLM {version} already installed in {venv}"
-                     if install.get("version") else "not reached")})
+        if would_install:
+            text = f"install vLLM {version} into {venv} from {_get(install, 'source', default='?')}"
+            text += (f" (replacing {had})" if had else "") + "; the service keeps running"
+        elif _get(install, "version"):
+            text = f"vLLM {version} already installed in {venv}"
+        else:   # the install step did not get as far as reporting
+            text = "not reached"
+        steps.append({"step": "install", "title": "Install vLLM", "would_install": would_install,
+                      "version": version, "venv": venv, "source": _get(install, "source"), "text": text})
     fs = _get(plan, "filesystem", default={}) or {}
     free = _get(fs, "available_bytes")
     purge_bytes = _get(purge, "planned_bytes", default=_get(plan, "purge_bytes", default=0)) or 0
@@ -111,13 +113,13 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")
     units = _get(service, "replaced_units", default=[]) or []
-    stops = ([f"{old} ({_get(service, 'unit')})"] if old else []) + [
-        f"{u} (set up outside modelswap; disabled)" for u in units]
+    stops = ([f"stop {old} ({_get(service, 'unit')})"] if old else []) + [
+        f"stop and disable {u} (set up outside modelswap)" for u in units]
     steps.append({
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
         "would_swap": would_swap, "stop": (old or ", ".join(units) or None) if would_swap else None,
         "start": target if would_swap else None, "unit": _get(service, "unit"), "replaced_units": units,
-        "text": ((f"stop {', '.join(stops)}, start {target}; serving stops until the new model is ready"
+        "text": ((f"{', '.join(stops)}, start {target}; serving stops until the new model is ready"
                   if stops else f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
                  if would_swap else f"{target} already serves with this configuration: no restart")})
     bench_on = bool(_get(benchmark, "enabled")) and would_swap
@@ -130,6 +132,8 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
         failed_at = next((n for n, s in enumerate(steps) if s["step"] == failure.get("step")), None)
         if failed_at is not None:
             steps[failed_at]["failed"] = failure.get("msg")
+            if steps[failed_at]["text"] == "not reached":   # it failed before reporting anything
+                steps[failed_at]["text"] = "failed"
             # what the later steps would have done is unknown: they never ran
             for step in steps[failed_at + 1:]:
                 step["text"], step["reached"] = "not reached", False

@@ -113,6 +113,10 @@ def test_an_installed_vllm_is_no_change_and_an_upgrade_names_the_old_version():
     assert "(replacing 0.31.1)" in upgrade["steps"][0]["text"]
     off = migrate_plan("t", None, None, None, None, None, None, 0, dict(INSTALL, enabled=False))
     assert off["steps"][0]["step"] == "preflight"
+    failed = migrate_plan("t", None, None, None, None, None, {"step": "install", "msg": "pip failed"}, 0,
+                          {"enabled": True})
+    assert failed["steps"][0]["failed"] == "pip failed"
+    assert [s["text"] for s in failed["steps"]] == ["failed"] + ["not reached"] * 5
 
 
 def test_steps_after_a_failure_say_they_were_not_reached():
@@ -129,7 +133,7 @@ def test_a_unit_set_up_by_hand_that_the_swap_replaces_is_named():
     plan = migrate_plan("kimi", None, None, None, service)
     swap = {s["step"]: s for s in plan["steps"]}["swap"]
     assert swap["stop"] == "vllm-minimax.service" and swap["replaced_units"] == ["vllm-minimax.service"]
-    assert swap["text"] == ("stop vllm-minimax.service (set up outside modelswap; disabled), start kimi; "
+    assert swap["text"] == ("stop and disable vllm-minimax.service (set up outside modelswap), start kimi; "
                             "serving stops until the new model is ready")
 
 
