@@ -227,3 +227,15 @@ def argv_settings(argv) -> dict:
         parallel *= max(1, size)
     return {"parallel": parallel, "enforce_eager": "--enforce-eager" in argv,
             "gpu_memory_utilization": gmu}
+
+
+RUNNING_STATES = ("active", "activating", "reloading")
+
+
+def units_to_replace(units) -> list:
+    """Of vllm_service_facts' ``replaces`` (unit states), those a swap must stop or disable: loaded
+    and running, or loaded and enabled (it would start at the next boot). Running ones first.
+    A unit that is gone, or already stopped and disabled, is left alone."""
+    loaded = [u for u in units or () if u.get("loaded")]
+    running = [u for u in loaded if u.get("active_state") in RUNNING_STATES]
+    return running + [u for u in loaded if u not in running and u.get("unit_file_state") == "enabled"]

@@ -47,6 +47,11 @@ def vllm_argv_settings(argv):
     return vllm_unit.argv_settings(argv)
 
 
+def vllm_units_to_replace(units):
+    """The replaced units (vllm_service_facts' replaces) a swap stops or disables."""
+    return vllm_unit.units_to_replace(units)
+
+
 def merge_env(*layers):
     """Merge environment mappings; later ones win, a null value removes a name."""
     return vllm_unit.merge_env(*layers)
@@ -61,4 +66,5 @@ class FilterModule:
             "systemd_env_lines": _wrap(systemd_env_lines),
             "merge_env": _wrap(merge_env),
             "vllm_argv_settings": _wrap(vllm_argv_settings),
+            "vllm_units_to_replace": _wrap(vllm_units_to_replace),
         }

@@ -151,3 +151,15 @@ def test_merge_env_later_wins_and_null_removes():
 ])
 def test_argv_settings(argv, settings):
     assert vu.argv_settings(argv) == settings
+
+
+def test_units_to_replace_are_the_running_or_enabled_ones():
+    units = [
+        {"unit": "gone.service", "loaded": False, "active_state": "inactive", "unit_file_state": None},
+        {"unit": "off.service", "loaded": True, "active_state": "inactive", "unit_file_state": "disabled"},
+        {"unit": "boot.service", "loaded": True, "active_state": "failed", "unit_file_state": "enabled"},
+        {"unit": "hand.service", "loaded": True, "active_state": "active", "unit_file_state": "disabled"},
+        {"unit": "start.service", "loaded": True, "active_state": "activating", "unit_file_state": "enabled"},
+    ]
+    assert [u["unit"] for u in vu.units_to_replace(units)] == ["hand.service", "start.service", "boot.service"]
+    assert vu.units_to_replace([]) == [] and vu.units_to_replace(None) == []
