@@ -165,7 +165,7 @@ replaces:
   elements: dict
 port:
   description: Listeners on O(port) (PID, user, command line, unit, address, and C(text), a
-    one-line description) and C(foreign), those outside O(unit).
+    one-line description) and C(foreign), those outside O(unit) and O(replaces).
   returned: when O(port) is given
   type: dict
 snapshot:
