@@ -68,20 +68,22 @@ def process_info(pid, proc=PROC):
 
 
 def process_argv(pid, proc=PROC):
-    """(argv, cwd) of `pid`: its NUL-separated /proc/PID/cmdline, whole, and its working folder
-    (None when it cannot be read: another user's process without privileges). None when gone."""
-    base = os.path.join(proc, str(pid))
+    """The argv of `pid`: its NUL-separated /proc/PID/cmdline, whole. None when it is gone."""
     try:
-        with open(os.path.join(base, "cmdline"), "rb") as fh:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as fh:
             raw = fh.read()
     except OSError:
         return None
-    argv = [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def process_cwd(pid, proc=PROC):
+    """The working folder of `pid`; None when it cannot be read (another user's process without
+    privileges, or gone)."""
     try:
-        cwd = os.readlink(os.path.join(base, "cwd"))
+        return os.readlink(os.path.join(proc, str(pid), "cwd"))
     except OSError:
-        cwd = None
-    return argv, cwd
+        return None
 
 
 def other_mount_namespace(pid, proc=PROC) -> bool:

@@ -96,9 +96,9 @@ def running_vllm_servers(proc: str = procfs.PROC) -> list:
     Servers in containers are left out: their model paths are the container's."""
     processes = []
     for pid in procfs.pids(proc):
-        found = procfs.process_argv(pid, proc)
-        if found is not None and not procfs.other_mount_namespace(pid, proc):
-            processes.append((pid, found[0], found[1]))
+        argv = procfs.process_argv(pid, proc)
+        if argv and sm.is_vllm_server(argv) and not procfs.other_mount_namespace(pid, proc):
+            processes.append((pid, argv, procfs.process_cwd(pid, proc)))
     return sm.served_by_processes(processes)
 
 
