@@ -30,7 +30,7 @@ def hand_unit(lab) -> str:
     model = lab.models["tiny-a"]
     snapshot = "/var/lib/modelswap/hf/hub/models--%s/snapshots/%s" % (
         model["repo_id"].replace("/", "--"), model["commit"])
-    args = " ".join("--%s" % a for a in ("dtype float32", "max-model-len 512", "enforce-eager"))
+    args = "--dtype float32 --max-model-len 512 --enforce-eager"    # the lab's CPU settings
     return (
         "[Unit]\nDescription=vLLM set up by hand before modelswap (test)\n\n[Service]\n"
         "Environment=HOME=/root VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 HF_HUB_OFFLINE=1\n"
