@@ -105,7 +105,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
         "step": "fetch", "title": f"Download and verify {target}",
         "commit": _get(fetch, "commit") or _get(plan, "target", "commit"),
         "files": nfiles, "bytes": download, "eta_s": eta,
-        "text": (f"download {nfiles} file(s), {human_bytes(download)}"
+        "text": ((f"download {nfiles} file(s), " if nfiles is not None else "download ") + human_bytes(download)
                  + (f", about {human_seconds(eta)} at {human_bytes(download_rate)}/s" if eta else "")
                  + (" (listed by the controller: the host gets huggingface_hub with vLLM)"
                     if _get(fetch, "listed_by") == "controller" else "")

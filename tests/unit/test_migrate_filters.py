@@ -105,6 +105,13 @@ def test_a_first_install_is_the_first_step_of_the_preview():
     assert steps["swap"]["text"] == "start tiny-a (vllm.service); nothing serves on this host yet"
 
 
+def test_a_download_of_a_size_given_in_the_inventory_has_no_file_count():
+    plan = migrate_plan("kimi", {"verdict": "fits", "filesystem": {"available_bytes": 900 * GIB},
+                                 "target": {"needed_bytes": 547 * GIB, "download_bytes": 547 * GIB,
+                                            "missing_files": None}}, None, None, None)
+    assert {s["step"]: s for s in plan["steps"]}["fetch"]["text"] == "download 547.0 GiB"
+
+
 def test_an_installed_vllm_is_no_change_and_an_upgrade_names_the_old_version():
     same = migrate_plan("t", None, None, None, None, None, None, 0, dict(INSTALL, changed=False))
     assert same["steps"][0]["text"] == "vLLM 0.32.0 already installed in /opt/modelswap/venvs/vllm-0.32.0"
