@@ -486,6 +486,21 @@ def main(argv=None):
 
 
 # --- test helper ---------------------------------------------------------------------------------
+def set_priority(nice):
+    """nice < 0: a higher share of the CPU; nice == 'rt': SCHED_RR priority 1 (root only), so other
+    processes on the shared machine cannot preempt a timing measurement for a whole time slice."""
+    if nice == "rt":
+        try:
+            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        except (OSError, AttributeError):
+            pass
+    elif nice:
+        try:
+            os.nice(int(nice))
+        except OSError:
+            pass
+
+
 class SimulatorProcess:
     """Start the simulator as a child process (optionally pinned to CPUs), stop it by PID.
 
@@ -521,16 +536,7 @@ class SimulatorProcess:
         def pin():
             if cpus is not None:
                 os.sched_setaffinity(0, cpus)
-            if nice == "rt":
-                try:
-                    os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-                except (OSError, AttributeError):
-                    pass
-            elif nice:
-                try:
-                    os.nice(int(nice))
-                except OSError:
-                    pass
+            set_priority(nice)
 
         repo = Path(__file__).resolve().parents[2]
         self.port_file.unlink(missing_ok=True)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
-from tests.lab.simulator import SimulatorProcess
+from tests.lab.simulator import SimulatorProcess, set_priority
 
 REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "roles" / "benchmark" / "files" / "locustfile.py"
@@ -31,21 +31,6 @@ def cpu_split():
     if len(cpus) >= 2:
         return {cpus[-1]}, {cpus[0]}
     return None, None
-
-
-def set_priority(nice):
-    """nice < 0: a higher share of the CPU; nice == 'rt': SCHED_RR priority 1 (root only), so other
-    processes on the shared machine cannot preempt a timing measurement for a whole time slice."""
-    if nice == "rt":
-        try:
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-        except (OSError, AttributeError):
-            pass
-    elif nice:
-        try:
-            os.nice(int(nice))
-        except OSError:
-            pass
 
 
 def write_config(run_dir: Path, target: str, ladder, **over) -> Path:
