@@ -20,11 +20,11 @@ here ever holds a token. Pure stdlib: unit-tested directly.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record
 from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
 
 FORMAT = "modelswap.hf_snapshot/1"
@@ -232,17 +232,6 @@ def fetched_entry(result: dict) -> dict:
     }
 
 
-@contextlib.contextmanager
-def _record_lock(path: str):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def plan_record(path: str, name: str, entry: dict) -> tuple:
     """(changed, before, after) of putting ``entry`` at ``fetched.<name>`` in the record at ``path``."""
     try:
@@ -264,7 +253,7 @@ def plan_record(path: str, name: str, entry: dict) -> tuple:
 
 def update_record(path: str, name: str, entry: dict) -> bool:
     """Set ``fetched.<name>`` in the record at ``path`` (other keys kept); True when it changed."""
-    with _record_lock(path):
+    with deployment_record.locked(path):   # the lock every writer of the record takes
         changed, _before, _after = plan_record(path, name, entry)
         if not changed:
             return False
