@@ -175,6 +175,15 @@ options:
     type: str
     choices: [normal, nice, realtime]
     default: normal
+  cpu_affinity:
+    description:
+      - CPUs the load processes may run on (through C(taskset)), for example C([1]). Empty: any CPU.
+      - On a load generator that shares its cores with the server under test (a lab, a single box),
+        give the client cores of its own, so that its event loop is not delayed by the server and
+        its steps stay valid; the server is pinned elsewhere (for vLLM, C(vllm_service_cpu_affinity)).
+    type: list
+    elements: int
+    default: []
   prepare_only:
     description: Write the run's C(config.json) (for remote workers) and return; start no load.
     type: bool
@@ -300,6 +309,7 @@ def main():
             master_bind_port=dict(type="int"),
             seed=dict(type="int", default=0),
             scheduling=dict(type="str", choices=["normal", "nice", "realtime"], default="normal"),
+            cpu_affinity=dict(type="list", elements="int", default=[]),
             validate_certs=dict(type="bool", default=True),
             prepare_only=dict(type="bool", default=False),
         ),
@@ -313,6 +323,10 @@ def main():
     if p["processes"] and p["expect_workers"]:
         problems.append("use either processes (workers on this host) or expect_workers (workers on other "
                         "hosts), not both")
+    usable_cpus = sorted(os.sched_getaffinity(0))
+    if any(cpu not in usable_cpus for cpu in p["cpu_affinity"]):
+        problems.append(f"cpu_affinity {p['cpu_affinity']} names CPUs this host cannot run on "
+                        f"(usable: {usable_cpus}); choose among those or leave it empty")
     if unknown_slo:
         problems.append(f"slo accepts ttft_ms, tpot_ms and e2el_ms; unknown: {', '.join(sorted(unknown_slo))}")
     for key in ("prompt_source", "locustfile"):
@@ -350,6 +364,9 @@ def main():
     command = p["locust_command"] or [sys.executable, "-m", "locust"]
     log_file = os.path.join(run_dir, "locust.log")
     prefix = [timeout_bin, "--kill-after=30", str(bounds["seconds"])]
+    if p["cpu_affinity"]:
+        prefix += [module.get_bin_path("taskset", required=True), "--cpu-list",
+                   ",".join(str(cpu) for cpu in p["cpu_affinity"])]
     if p["scheduling"] == "realtime":
         prefix += [module.get_bin_path("chrt", required=True), "--rr", "1"]
     elif p["scheduling"] == "nice":

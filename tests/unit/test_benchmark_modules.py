@@ -179,3 +179,30 @@ def test_stop_early_on_errors_counts_them_by_kind(sim, tmp_path):
     assert step["requests"]["errors"] == {"http_500": step["requests"]["failed"]}
     assert step["error_rate"] == pytest.approx(1 / 3, abs=0.1)
     assert "errors" in report["summary"][0]["flags"]
+
+
+def test_run_refuses_cpus_the_load_host_cannot_use(sim, tmp_path):
+    import os
+    s = sim(api_key=KEY)
+    run_dir = tmp_path / "run"
+    bad = max(os.sched_getaffinity(0)) + 64
+    result = run_module("benchmark_run", run_args(s.url, run_dir, cpu_affinity=[bad]))
+    assert result.get("failed") is True and f"cpu_affinity [{bad}] names CPUs" in result["msg"]
+    assert not run_dir.exists() and generation_requests(s) == 0
+
+
+def test_run_pins_the_load_processes_to_the_cpus_given(sim, tmp_path):
+    """The load process runs on cpu_affinity's CPUs only (read by the process itself)."""
+    import os
+    import sys
+    s = sim(api_key=KEY, ttft_ms=5, chunk_ms=2, slots=2)
+    cpu = max(os.sched_getaffinity(0))
+    seen = tmp_path / "affinity.txt"
+    locust = [sys.executable, "-c",
+              "import os, runpy, sys; "
+              f"open({str(seen)!r}, 'w').write(','.join(map(str, sorted(os.sched_getaffinity(0))))); "
+              "sys.argv = ['locust'] + sys.argv[1:]; runpy.run_module('locust', run_name='__main__')"]
+    result = run_module("benchmark_run", run_args(s.url, tmp_path / "run", concurrency=[1], cpu_affinity=[cpu],
+                                                  locust_command=locust), timeout=300)
+    assert result.get("failed") is not True, result
+    assert seen.read_text() == str(cpu)
