@@ -15,7 +15,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 LABCTL := $(BIN)/python -m tests.lab.labctl
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: help venv deps lab-up lab-down lab-status lint unit test-unit test-lab test demo collection ee-context clean
+.PHONY: help venv deps lab-up lab-down lab-reset lab-status lint unit test-unit test-lab test demo collection ee-context clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM
 
 lab-down: venv ## stop and remove the lab (keeps the download caches)
 	$(LABCTL) down
+
+lab-reset: venv ## stop what the lab's hosts serve and remove modelswap's configuration (keeps vLLM and the models)
+	$(LABCTL) reset
 
 lab-status: venv ## show the lab's hosts and services
 	$(LABCTL) status
@@ -71,6 +74,8 @@ ee-context: collection ## execution environment build context (ansible-builder) 
 	@echo "build the image where a container runtime runs: podman build -t modelswap-ee build/ee/context"
 
 demo: lab-up ## the main job on the lab: serve tiny-a, preview and migrate to tiny-b, benchmark, status
+	@echo "== 0/4 reset the lab's hosts (whatever a test run or an earlier demo left serving is stopped)"
+	$(LABCTL) reset
 	@echo "== 1/4 serve tiny-a on every lab host (install vLLM, fetch, start, prove it serves)"
 	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-a -e modelswap_benchmark=false
 	@echo "== 2/4 the preview: what migrating to tiny-b would do (nothing changes)"

@@ -1,6 +1,8 @@
 """The lab itself (issue 2): hosts boot under systemd, answer over SSH, run units, stay apart."""
 from __future__ import annotations
 
+import json
+import shlex
 import time
 import urllib.error
 import urllib.request
@@ -104,3 +106,38 @@ def test_a_host_reboots_and_comes_back(lab, tmp_path):
     # The launcher booted a new container: its PID 1 is younger than this test.
     init_age = int(lab.ssh("gpu2", "ps -o etimes= -p 1").stdout)
     assert init_age <= time.monotonic() - started + 1
+
+
+def test_reset_stops_and_removes_what_a_demo_or_an_earlier_run_left(lab):
+    """The state a demo leaves (a vLLM slot unit serving on the tests' port as the service user,
+    its configuration, a deployment, /dev/shm files of that user) and a unit set up by hand are
+    gone after `labctl reset`; the model store's notes and the virtualenvs stay."""
+    from tests.lab import labctl
+    host = "gpu2"
+    lab.ssh(host, "id -u vllm >/dev/null 2>&1 || useradd --system --home-dir /var/lib/vllm vllm")
+    unit = ("[Unit]\nDescription=stand-in for a served model (reset test)\n[Service]\nUser=vllm\n"
+            "ExecStart=/usr/bin/python3 -m http.server 8000 --bind 0.0.0.0\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+    lab.ssh(host, "mkdir -p /etc/modelswap /var/lib/modelswap/vllm/vllm/active && "
+                  f"printf %s {shlex.quote(unit)} > /etc/systemd/system/vllm.service && "
+                  f"printf %s {shlex.quote(unit.replace('8000', '8001'))} > /etc/systemd/system/vllm-handmade.service && "
+                  "echo VLLM_API_KEY=x > /etc/modelswap/vllm.secret.env && "
+                  "echo '{\"model\": \"tiny-a\", \"fetched\": {\"lab/tiny-a\": {\"commit\": \"c\"}}}' "
+                  "> /var/lib/modelswap/deployment.json && "
+                  "systemctl daemon-reload && systemctl enable --now vllm.service vllm-handmade.service && "
+                  "runuser -u vllm -- sh -c 'echo x > /dev/shm/psm_resettest'")
+    deadline = time.monotonic() + 30
+    while lab.ssh(host, "ss -Hltn 'sport = :8000'").stdout.strip() == "":
+        assert time.monotonic() < deadline, "the stand-in server did not start"
+        time.sleep(0.5)
+
+    labctl.reset(labctl.lab_from_env())
+
+    out = lab.ssh(host, "ls /etc/systemd/system | grep '^vllm' || true; ls /etc/modelswap 2>&1 || true; "
+                        "ls /dev/shm; pgrep -u vllm || true; ss -Hltn 'sport = :8000 or sport = :8001'; "
+                        "cat /var/lib/modelswap/deployment.json").stdout
+    assert "vllm.service" not in out and "vllm-handmade" not in out
+    assert "psm_resettest" not in out and "secret.env" not in out
+    assert ":8000" not in out and ":8001" not in out
+    assert json.loads(out.strip().splitlines()[-1]) == {"fetched": {"lab/tiny-a": {"commit": "c"}}}
+    assert lab.ssh(host, "systemctl is-active vllm.service", check=False).stdout.strip() != "active"

@@ -69,6 +69,9 @@ def lab() -> Lab:
     problems = labctl.healthy(handle, state)
     if problems:
         pytest.skip(f"lab '{handle.name}' is not healthy ({'; '.join(problems)}): run `make lab-up`")
+    # The tests own the lab's state: whatever a demo, an earlier run or an interrupted one left
+    # serving or configured on the hosts is stopped and removed before the first lab test.
+    labctl.reset(handle, state)
     return Lab(handle, state)
 
 

@@ -3,6 +3,7 @@
     python -m tests.lab.labctl up [--hosts N]   build or reuse a healthy lab; replace a broken one
     python -m tests.lab.labctl down             stop everything by PID, unmount, remove bridge/cgroups
     python -m tests.lab.labctl status           what runs, where
+    python -m tests.lab.labctl reset            bring the hosts back to the known state (nothing served)
 
 Everything the lab starts is recorded in its state file (PIDs, mounts, bridge, cgroups) so the
 teardown ends exactly what the lab started. The lab has a name (MODELSWAP_LAB, default "msl")
@@ -674,6 +675,75 @@ def down(lab: Lab) -> None:
     log(f"lab '{lab.name}' is down (caches kept under {CACHE})")
 
 
+# What `reset` leaves on a host: no vLLM unit (modelswap's slots and hand-made ones alike), no
+# process of the service user, no modelswap configuration or deployment, no /dev/shm leftovers of
+# the service user. It keeps what is slow to make again and safe to share: the vLLM virtualenvs
+# and the model store (with the record's notes of what was fetched and verified), so the next
+# test or the demo starts from the same state whatever ran before it (a demo, a test run, an
+# interrupted run). A unit that ignores SIGTERM while it starts is killed: nothing here waits
+# for TimeoutStopSec.
+RESET_HOST = r"""
+set -u
+for unit in $(cd /etc/systemd/system && ls -d vllm*.service 2>/dev/null); do
+  systemctl disable "$unit" >/dev/null 2>&1
+  timeout 20 systemctl stop "$unit" 2>/dev/null || systemctl kill --signal=SIGKILL "$unit" 2>/dev/null
+  systemctl stop "$unit" 2>/dev/null
+  rm -rf "/etc/systemd/system/$unit" "/etc/systemd/system/$unit.d"
+  echo "stopped and removed $unit"
+done
+if id -u vllm >/dev/null 2>&1; then
+  for pid in $(pgrep -u vllm); do kill -KILL "$pid" 2>/dev/null && echo "ended PID $pid of user vllm"; done
+  sleep 0.2
+  find /dev/shm -maxdepth 1 -user vllm -print -delete 2>/dev/null | sed 's/^/removed /'
+fi
+rm -rf /etc/modelswap /var/lib/modelswap/vllm
+record=/var/lib/modelswap/deployment.json
+if [ -f "$record" ]; then
+  python3 -c 'import json, os, sys
+p = sys.argv[1]
+try:
+    fetched = json.load(open(p)).get("fetched", {})
+except ValueError:
+    fetched = {}
+tmp = p + ".reset"
+with open(tmp, "w") as out:
+    json.dump({"fetched": fetched}, out)
+os.replace(tmp, p)' "$record"
+fi
+systemctl daemon-reload
+systemctl reset-failed 2>/dev/null
+true
+"""
+
+
+def reset(lab: Lab, state: dict | None = None) -> None:
+    """Bring every host of a running lab back to the known state (RESET_HOST), and clear the
+    Hub's faults; a lab that is not up is an error that says how to bring it up."""
+    state = state if state is not None else load_state(lab)
+    if state is None:
+        raise LabError(f"lab '{lab.name}' is not up: run `make lab-up` first")
+    procs = {host: subprocess.Popen(ssh_argv(lab, host) + [RESET_HOST], text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for host in state.get("hosts", {})}
+    failed = []
+    for host, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        for line in out.splitlines():
+            log(f"reset {host}: {line}")
+        if proc.returncode != 0:
+            failed.append(f"{host} (exit {proc.returncode})")
+    from tests.lab.hub.client import HubClient
+    HubClient(state["hub_url"], lab.state_dir / "hub").clear_faults()
+    if failed:
+        raise LabError(f"could not reset {', '.join(failed)}: see the lines above; "
+                       "`make lab-down lab-up` rebuilds the hosts")
+    log(f"lab '{lab.name}': {len(procs)} host(s) reset (nothing served, Hub faults cleared)")
+
+
 def status(lab: Lab) -> int:
     state = load_state(lab)
     if state is None:
@@ -719,6 +789,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="skip building the vLLM wheelhouse (hosts that will not run vLLM)")
     sub.add_parser("down", help="tear the lab down")
     sub.add_parser("status", help="show the lab")
+    sub.add_parser("reset", help="stop what the hosts serve and remove modelswap's configuration")
     p_addr = sub.add_parser("address", help="print a host's address")
     p_addr.add_argument("host")
     args = parser.parse_args(argv)
@@ -730,6 +801,8 @@ def main(argv: list[str] | None = None) -> int:
             up(lab, args.hosts, with_wheelhouse=not args.no_wheelhouse)
         elif args.cmd == "down":
             down(lab)
+        elif args.cmd == "reset":
+            reset(lab)
         elif args.cmd == "address":
             if args.host not in lab.hosts:
                 raise LabError(f"no host {args.host!r} in lab '{lab.name}' (hosts: {', '.join(lab.hosts) or 'none'})")
