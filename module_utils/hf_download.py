@@ -5,7 +5,7 @@
 huggingface_hub does every transfer (``HfApi`` for the revision and the file list,
 ``hf_hub_download`` per file, so its locks, Range resumes within a process, xet and cache layout
 apply). Around it, ``SnapshotJob`` adds what an operator needs after hours of transfer
-(../shared/notes/huggingface.md says why each is needed):
+(docs/huggingface.md says why each is needed):
 
 - the revision is resolved once to a commit and every file is fetched at that commit;
 - allow/ignore patterns that select nothing are an error, not a silent success;

@@ -476,7 +476,7 @@ def read_topology(nvml, handles):
                 worst = p["path"]
         hints.append("GPU pairs without NVLink talk over PCIe%s: vLLM advises pipeline over tensor "
                      "parallelism without NVLink, and NCCL settings matter (NCCL_P2P_LEVEL, "
-                     "NCCL_PROTO; the seed host used NCCL_PROTO=LL, NCCL_P2P_LEVEL=SYS)"
+                     "NCCL_PROTO; 8-GPU PCIe hosts have served with NCCL_PROTO=LL, NCCL_P2P_LEVEL=SYS)"
                      % (" (worst path %s)" % worst if worst else ""))
         if worst == "SYS":
             hints.append("some GPU pairs cross the CPU interconnect (SYS): peer-to-peer is often "

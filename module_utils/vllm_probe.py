@@ -2,7 +2,7 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Is a vLLM server ready, and is the old one gone? Gates, budgets, port owners, unit states.
 
-vLLM's readiness is proved in gates, in order (notes/vllm-ops.md): the port accepts a TCP
+vLLM's readiness is proved in gates, in order (docs/vllm-operations.md): the port accepts a TCP
 connection -> ``/health`` answers 200 -> ``/v1/models`` lists the served name -> a one-token
 completion succeeds. ``wait_ready`` walks them within a budget and returns the seconds each gate
 took; it stops early on answers that cannot improve by waiting (a wrong API key, another model
@@ -44,7 +44,7 @@ BUDGET_COMPILE_S = 180       # torch.compile and CUDA graph capture (skipped wit
 def startup_budget(size_bytes: int = 0, parallel: int = 1, enforce_eager: bool = False) -> int:
     """Seconds to allow a vLLM start, from the model's size on disk and its parallelism.
 
-    Calibrated on the start-up times seen in practice (notes/vllm-ops.md): 7B ~40 s,
+    Calibrated on the start-up times seen in practice (docs/vllm-operations.md): 7B ~40 s,
     Llama-70B-FP8 TP=8 several minutes, 72B TP=4 ~17 min, Llama-4-Scout TP=4 ~10 min; the
     budget is generous for small models and close to those for the large ones.
     """

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 
-# Arguments rendered first, in this order (the seed's flags and the common ones).
+# Arguments rendered first, in this order (the example fleet's flags and the common ones).
 ORDER = (
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
     "enable_expert_parallel", "max_model_len", "gpu_memory_utilization", "max_num_seqs",

@@ -48,7 +48,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                  service: dict | None, benchmark: dict | None = None,
                  failure: dict | None = None, download_rate: float = 0,
                  install: dict | None = None) -> dict:
-    """The seed's todo list for one host, each step with what it would do and its numbers.
+    """The migration's todo list for one host, each step with what it would do and its numbers.
 
     plan: preflight's disk_plan result; purge: model_purge's result (check mode: what would go);
     fetch: hf_snapshot's result (check mode: would_fetch); service: vllm_service_result;

@@ -1,5 +1,5 @@
 """The repo builds into an installable collection modelswap.vllm that another repo uses by FQCN
-(DESIGN: a collection from day one; issue 2 item 1, issue 9)."""
+(docs/architecture.md: the collection, here and installed; issue 2 item 1, issue 9)."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """Real huggingface_hub (plain HTTP, no xet) against the lab's local Hub, with injected faults.
 
-Each fault test asserts what the library does (notes/huggingface.md) and proves it on the Hub's
+Each fault test asserts what the library does (docs/huggingface.md) and proves it on the Hub's
 request log. Library behaviour relied on (huggingface_hub 2.4, file_download.http_get and
 utils/_http.py): a body is read in 10 MiB chunks and a dropped connection is resumed from the last
 whole chunk (Range) up to 5 times, 1 s apart; a GET answered 5xx is not retried; a HEAD answered

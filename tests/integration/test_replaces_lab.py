@@ -1,6 +1,6 @@
 """vllm_service takes over a vLLM server set up by hand (vllm_service_replaces), on the lab.
 
-The seed's fleet served with its own units before modelswap. Each lab host gets such a unit,
+The example fleet served with its own units before modelswap. Each lab host gets such a unit,
 vllm-handmade.service: vLLM serving tiny-a on the slot's port, with an API key modelswap does
 not know. Then, on both hosts at once (two vLLM starts at a time):
 

@@ -1,7 +1,7 @@
 """Lab setup shared by tests/integration/test_vllm_service_lab.py and tests/bench/bench_swap_downtime.py.
 
 The catalog of the lab's tiny models, the role's variables for CPU hosts (the wheelhouse, the
-fixes of notes/lab.md), and the steps that put a host in a known state: no vllm.service, no
+fixes of docs/vllm-operations.md), and the steps that put a host in a known state: no vllm.service, no
 deployment record, models fetched and verified by hf_snapshot.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@
 Everything the lab starts is recorded in its state file (PIDs, mounts, bridge, cgroups) so the
 teardown ends exactly what the lab started. The lab has a name (MODELSWAP_LAB, default "msl")
 that prefixes its bridge, cgroups and state folder, so two labs or a stale one never collide.
-Measured facts behind the choices here: ../shared/notes/lab.md.
+Measured facts behind the choices here: docs/lab.md.
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def base_key() -> str:
 
 
 def prepare_base(root: Path) -> None:
-    """Make a debootstrapped tree a bootable, shareable base (lab.md: 'Prepare the base once')."""
+    """Make a debootstrapped tree a bootable, shareable base (docs/lab.md, 'The base')."""
     (root / "etc/machine-id").write_text("")
     dbus_id = root / "var/lib/dbus/machine-id"
     dbus_id.parent.mkdir(parents=True, exist_ok=True)

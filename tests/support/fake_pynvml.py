@@ -1,6 +1,6 @@
 """A fake NVML with the real pynvml's names, signatures, return types and exceptions.
 
-The lab has no NVIDIA GPU, so NVML is the one thing tests fake (DESIGN: the lab). The fake is
+The lab has no NVIDIA GPU, so NVML is the one thing tests fake (docs/lab.md, "NVML"). The fake is
 built on the installed nvidia-ml-py: constants, NVMLError and its per-code subclasses
 (NVMLError_GpuIsLost, ...), NVMLLibraryMismatchError, and the return structures
 (c_nvmlMemory_t, nvmlPciInfo_t, c_nvmlDevice_t handles, nvmlFriendlyObject process entries)

@@ -107,7 +107,7 @@ def test_saturated_server_with_queueing(tmp_path):
 
 
 def test_c128_at_20ms_chunks_meets_the_bar(tmp_path):
-    # 6.4k chunks/s: the bar measured here is +7 ms TTFT mean and +2 ms ITL p99 (benchmarking.md)
+    # 6.4k chunks/s: the bar measured here is +7 ms TTFT mean and +2 ms ITL p99 (docs/benchmarking.md)
     cmp = measure(tmp_path, "c128", bars={"ttft_mean_bar": 7.0, "itl_p99_bar": 2.0}, concurrency=128,
                   ttft_ms=50, chunk_ms=20, chunks=64, measure_s=10)
     assert cmp["step"]["requests"]["completed"] > 500

@@ -1,4 +1,4 @@
-"""The repo resolves as the collection modelswap.vllm (DESIGN: a collection from day one)."""
+"""The repo resolves as the collection modelswap.vllm (docs/architecture.md: the collection, here and installed)."""
 import platform
 
 import pytest

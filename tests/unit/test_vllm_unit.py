@@ -18,7 +18,7 @@ SNAP = "/var/lib/modelswap/hf/hub/models--moonshotai--Kimi-K2.5/snapshots/" + "0
 
 
 def test_kimi_k25_int4_tp8_expert_parallel():
-    """The seed's deployment: TP=8 with expert parallelism on an 8-GPU box."""
+    """The example fleet's deployment: TP=8 with expert parallelism on an 8-GPU box."""
     args = {"tensor_parallel_size": 8, "enable_expert_parallel": True, "max_model_len": 131072,
             "gpu_memory_utilization": 0.92, "trust_remote_code": True,
             "extra_args": ["--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2"]}

@@ -16,7 +16,7 @@ from them is stable. Only numpy, safetensors and tokenizers are needed (no torch
                (layer 1's down_proj is stored transposed): it downloads and verifies fine and
                fails at vLLM start-up, for rollback tests.
 
-vLLM's CPU attention needs head_dim in 32..512 (notes/lab.md, "Real vLLM on CPU").
+vLLM's CPU attention needs head_dim in 32..512 (docs/vllm-operations.md, "vLLM on CPU").
 """
 from __future__ import annotations
 

@@ -1,0 +1,67 @@
+"""docs/architecture.md stays true to the code: it names every module, module_utils file and role.
+
+A file added under library/, module_utils/ or roles/ without a line in the architecture fails
+here, with the names to add; a name the document lists that no longer exists fails too.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "architecture.md"
+# Option values the step table quotes beside module names ("unless the accelerator is `cpu`").
+VALUES = {"cpu"}
+
+
+def _section(text: str, title: str) -> str:
+    """The body of the `## title` section."""
+    match = re.search(r"^## " + re.escape(title) + r"\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match, f"docs/architecture.md has no section '## {title}'"
+    return match.group(1)
+
+
+def test_every_module_is_in_the_modules_table():
+    table = _section(DOC.read_text(), "The modules")
+    listed = set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
+    modules = {p.stem for p in (ROOT / "library").glob("*.py") if not p.name.startswith("_")}
+    assert listed == modules, {"missing from the doc": sorted(modules - listed),
+                               "no longer a module": sorted(listed - modules)}
+
+
+def test_every_module_utils_file_has_its_line():
+    section = _section(DOC.read_text(), "module_utils, by domain")
+    listed = set(re.findall(r"^- `([a-z_]+\.py)`:", section, re.M))
+    files = {p.name for p in (ROOT / "module_utils").glob("*.py") if p.name != "__init__.py"}
+    assert listed == files, {"missing from the doc": sorted(files - listed),
+                             "no longer in module_utils": sorted(listed - files)}
+
+
+def test_every_role_is_named_and_linked():
+    section = _section(DOC.read_text(), "The roles")
+    linked = set(re.findall(r"\]\(\.\./roles/([a-z_]+)/README\.md\)", section))
+    roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
+    assert linked == roles, {"missing from the doc": sorted(roles - linked),
+                             "no longer a role": sorted(linked - roles)}
+
+
+def test_the_step_table_names_only_real_modules_and_files():
+    section = _section(DOC.read_text(), "The migration, step by step")
+    rows = [line for line in section.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(rows) >= 6, "the step table lost rows"
+    modules = {p.stem for p in (ROOT / "library").glob("*.py")}
+    files = {p.name for p in (ROOT / "module_utils").glob("*.py")} | \
+            {p.name for p in (ROOT / "plugins" / "filter").glob("*.py")}
+    roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        _num, _what, mods, logic, role = cells
+        for name in re.findall(r"`([a-z_]+)`", mods):
+            assert name in modules or name in VALUES, (row, name)
+        for name in re.findall(r"`(?:plugins/filter/)?([a-z_]+\.py)`", logic):
+            assert name in files, (row, name)
+        assert re.findall(r"`([a-z_]+)`", role)[0] in roles, row
