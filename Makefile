@@ -13,6 +13,9 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 LABCTL := $(BIN)/python -m tests.lab.labctl
+# The demo's hosts and its load generator share this machine's cores: vLLM on CPU 0, Locust on
+# CPU 1, so the client's event loop is not delayed by the server it measures (valid steps).
+DEMO_VARS := -e vllm_service_cpu_affinity=0 -e '{"benchmark_cpu_affinity": [1]}'
 PYTEST := $(BIN)/python -m pytest
 
 .PHONY: help venv deps lab-up lab-down lab-reset lab-status lint unit test-unit test-lab test demo collection ee-context clean
@@ -77,11 +80,11 @@ demo: lab-up ## the main job on the lab: serve tiny-a, preview and migrate to ti
 	@echo "== 0/4 reset the lab's hosts (whatever a test run or an earlier demo left serving is stopped)"
 	$(LABCTL) reset
 	@echo "== 1/4 serve tiny-a on every lab host (install vLLM, fetch, start, prove it serves)"
-	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-a -e modelswap_benchmark=false
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml $(DEMO_VARS) -e modelswap_serve=tiny-a -e modelswap_benchmark=false
 	@echo "== 2/4 the preview: what migrating to tiny-b would do (nothing changes)"
-	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-b --check --diff
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml $(DEMO_VARS) -e modelswap_serve=tiny-b --check --diff
 	@echo "== 3/4 migrate to tiny-b one host at a time, then benchmark"
-	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml -e modelswap_serve=tiny-b -e modelswap_serial=1
+	$(BIN)/ansible-playbook -i inventory/lab playbooks/migrate.yml $(DEMO_VARS) -e modelswap_serve=tiny-b -e modelswap_serial=1
 	@echo "== 4/4 the fleet"
 	$(BIN)/ansible-playbook -i inventory/lab playbooks/status.yml
 	@echo "run records and summaries: results/runs/ (newest last): $$(ls -d results/runs/*/ | tail -1)summary.md"
