@@ -11,9 +11,16 @@ module: model_purge
 short_description: Delete cached models safely, inside configured roots only
 version_added: "0.1.0"
 description:
-  - Removes Hugging Face cache repos or single revisions through huggingface_hub's own delete
-    strategy (C(scan_cache_dir().delete_revisions(...))), so blobs that a remaining revision or
-    another repo shares survive; and removes plain model directories.
+  - Removes Hugging Face cache repos or single revisions with the semantics of huggingface_hub's
+    C(HFCacheInfo.delete_revisions) (blobs that a remaining revision or another repo
+    shares survive), and removes plain model directories.
+  - The paths to delete are planned once, from the module's own scan, and deleted exactly as
+    planned (through huggingface_hub's C(DeleteCacheStrategy) for healthy repos); nothing is
+    derived from where a link points at delete time. With the locks held, right before deleting,
+    every planned path is checked again (same inode and type, reached through no symlink, a blob
+    a regular file in its repo's C(blobs) folder) and every affected repo is scanned again; if
+    anything changed since the plan (a snapshot link retargeted, a planned file gone or replaced, a
+    new revision or ref), the module fails naming the changes and deletes nothing.
   - Refuses, before deleting anything and with a message naming the item and the rule, the
     served model (from the deployment record, the running vLLM unit, any running vLLM server
     and O(served)), the target,
@@ -184,9 +191,19 @@ planned_bytes:
   returned: always
   type: int
 expected_freed_size:
-  description: huggingface_hub's own DeleteCacheStrategy.expected_freed_size (apparent bytes of blobs).
+  description:
+    - Apparent bytes of the cache blobs the purge deletes, counted as huggingface_hub's
+      DeleteCacheStrategy.expected_freed_size counts them (a blob another revision still links is
+      not counted; a shared-store payload only when its last link goes). From the plan, so check
+      mode returns the same figure as the real run.
   returned: always
   type: int
+changes:
+  description: When the store changed between the plan and the deletion, what changed (nothing
+    was deleted).
+  returned: failure
+  type: list
+  elements: str
 freed_bytes:
   description: Bytes actually freed, measured with statvfs before and after (null in check mode).
   returned: always
