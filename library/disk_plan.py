@@ -303,6 +303,7 @@ timings:
   type: dict
 """
 
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -408,6 +409,10 @@ def main():
                 fail("candidate %s; remove it from candidates (nothing was changed)" % exc)
             except dp.PlanError as exc:
                 fail("candidate %r: %s" % (text, exc))
+            if item.kind == "dir" and store.dirs[item.name].is_link:
+                fail("candidate %r is a symlink (to %s), not a model directory, and model_purge refuses "
+                     "it; name the directory itself or remove it from candidates"
+                     % (text, os.readlink(item.path)))
             guard = dp.protecting(item, protections)
             if guard is not None and not (guard.rule == "served" and p["allow_served_purge"]
                                           and item in state["served_items"]):
