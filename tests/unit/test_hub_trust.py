@@ -156,7 +156,9 @@ def served_cache(tmp_path):
     listing = {p: {"size": len(d), "blob_id": blob_id(d)} for p, d in files.items()}
     listing["w.safetensors"]["lfs_sha256"] = hashlib.sha256(files["w.safetensors"]).hexdigest()
     layout = hd.CacheLayout(str(cache), "o/r")
-    verified = {p: dict(mf.fingerprint(os.stat(snap / p)), algo="x", digest="y") for p in files}
+    verified = {p: dict(mf.fingerprint(os.stat(snap / p)),
+                        algo="sha256" if "lfs_sha256" in listing[p] else "git-sha1",
+                        digest=listing[p].get("lfs_sha256") or listing[p]["blob_id"]) for p in files}
     manifest = mf.build_manifest(repo_id="o/r", revision="main", commit=commit_a, endpoint="e", layout="cache",
                                  snapshot=str(snap), listing=listing, verified=verified, mode="full",
                                  patterns={}, tool={})
@@ -258,3 +260,20 @@ def test_tree_cache_and_manifest_listings_are_checked_where_they_enter(tmp_path)
     with pytest.raises(hd.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and "trees" in str(err.value) and "'../x'" in str(err.value)
+
+
+def test_snapshot_check_refuses_a_manifest_that_names_files_outside(tmp_path):
+    from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check
+    cache, layout, commit_a, snap, listing = served_cache(tmp_path)
+    assert snapshot_check.check("m", "o/r", commit_a, cache_dir=str(cache))["verified"] is True
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    path = mf.manifest_path(layout.meta_root, commit_a)
+    manifest = json.loads(Path(path).read_text())
+    rel = "../../../../outside.json"
+    manifest["listing"][rel] = {"size": 2, "blob_id": A40}
+    manifest["files"][rel] = dict(mf.fingerprint(os.stat(outside)), algo="git-sha1", digest=A40)
+    Path(path).write_text(json.dumps(manifest))
+    state = snapshot_check.check("m", "o/r", commit_a, cache_dir=str(cache))
+    assert state["verified"] is False
+    assert "unsafe entry" in state["reason"] and rel in state["reason"] and "remove it" in state["reason"]
