@@ -127,8 +127,8 @@ def test_a_listing_that_climbs_out_is_refused_before_anything_is_touched(run, lo
     ({"blob_id": "../../../canary.txt"}, "blob id '../../../canary.txt'"),
     ({"blob_id": "A" * 40}, "is not a blob id"),
 ])
-def test_a_tampered_tree_cache_is_refused_and_the_revision_stays_intact(run, local_hub, tmp_path, canary,
-                                                                       tamper, shown):
+def test_a_tampered_tree_cache_is_refused_and_the_revision_stays_intact(
+        run, local_hub, tmp_path, canary, tamper, shown):
     repo_id = "evil/tree-cache"
     commit = local_hub.publish(repo_id, FILES)
     first = run(repo_id, revision=commit)
