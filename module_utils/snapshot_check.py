@@ -21,6 +21,7 @@ import os
 import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -108,6 +109,13 @@ def check(name, repo_id, revision, *, record=None, cache_dir=None, path=None, mo
                          % (name, repo_id, loc["commit"], where, loc["manifest"], FIX))
         return out
     listing = manifest.get("listing") or {}
+    unsafe = hub_trust.listing_problems(listing) + [
+        "path %r %s" % (p, hub_trust.path_problem(p)) for p in manifest["files"] if hub_trust.path_problem(p)]
+    if unsafe:
+        out["reason"] = ("the manifest %s has an unsafe entry (%s): it names files outside the snapshot or "
+                         "blobs that are not hashes, so it vouches for nothing; remove it and %s again"
+                         % (loc["manifest"], "; ".join(unsafe[:3]), FIX))
+        return out
     wanted = {p: listing.get(p) or {"size": -1, "blob_id": ""} for p in manifest["files"]}
     ok, stale = hf_manifest.covers(manifest, wanted, lambda p: os.path.join(where, p), mode)
     out.update(verify=manifest.get("verify"), verified_at=manifest.get("verified_at"),
