@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 FOLDER_PREFIX = {v: k for k, v in REPO_TYPES.items()}
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-XET_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+# \Z, not $: "$" also matches before a trailing newline.
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+XET_HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 # huggingface_hub's REPO_ID_REGEX plus its extra rules (no "--" or "..", no ".git" suffix).
 _REPO_NAME = r"(?!-)(?!\.)[A-Za-z0-9_.\-]{1,96}(?<!-)(?<!\.)"
-REPO_ID_RE = re.compile(r"^(?:%s/)?%s$" % (_REPO_NAME, _REPO_NAME))
+REPO_ID_RE = re.compile(r"^(?:%s/)?%s\Z" % (_REPO_NAME, _REPO_NAME))
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 SHARED_STORE_MARKER = ".huggingface-shared-blobs"
 
