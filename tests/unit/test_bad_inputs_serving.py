@@ -243,3 +243,14 @@ def test_role_rows_are_refused_by_the_same_functions(row, change, message):
     found = "; ".join(vu.catalog_entry_problems(name, entry) + vu.unit_problems(settings))
     assert found, row
     assert MARKER not in found
+
+
+def test_the_example_catalog_passes_the_rules():
+    """The rules refuse nothing a real catalog holds (inventory/example's models)."""
+    import yaml
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "inventory/example/group_vars/all/models.yml"
+    models = yaml.safe_load(path.read_text())["modelswap_models"]
+    assert len(models) >= 3
+    for name, entry in models.items():
+        assert vu.catalog_entry_problems(name, entry) == [], name
