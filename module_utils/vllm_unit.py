@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store
 
 # Arguments rendered first, in this order (the seed's flags and the common ones).
