@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest, hub_trust, model_store
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# \Z, not $: "$" also matches before a trailing newline, which would reach the unit's comment.
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 MODES = ("full", "size", "none")
 FIX = "fetch it first (playbooks/fetch.yml, role model_fetch)"
 
@@ -82,10 +81,12 @@ def check(name, repo_id, revision, *, record=None, cache_dir=None, path=None, mo
     "verified_at", "verify" and a "reason" when not verified."""
     if mode not in MODES:
         raise ValueError("mode must be one of %s" % ", ".join(MODES))
-    if not REPO_RE.match(repo_id or ""):
+    try:
+        model_store.validate_repo_id(repo_id)
+    except model_store.StoreError as exc:
         out = {"commit": None, "path": None, "manifest": None, "source": None}
         return dict(out, verified=False, files=0, bytes=0, verified_at=None, verify=None,
-                    reason="%r is not a repo id (org/name)" % (repo_id,))
+                    reason=str(exc))
     loc = locate(name, repo_id, revision, record, cache_dir, path)
     out = dict(loc, verified=False, files=0, bytes=0, verified_at=None, verify=None)
     if loc["reason"]:
