@@ -76,8 +76,8 @@ def test_the_worker_gets_the_key_in_a_0600_file_and_no_log_shows_it(sim, invento
         stop.set()
         watcher.join(10)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "EXEC" in proc.stdout and "MODELSWAP_BENCH_API_KEY_FILE=" in proc.stdout   # -vvv shows command lines
     assert KEY not in proc.stdout + proc.stderr
+    assert "EXEC" in proc.stdout and "MODELSWAP_BENCH_API_KEY_FILE=" in proc.stdout   # -vvv shows command lines
     # the key's home while the worker ran: 0600, the worker's user, in a 0700 folder
     assert seen, "no api_key file was seen on the worker"
     assert set(seen.values()) == {(0o600, os.getuid(), 0o700)}
