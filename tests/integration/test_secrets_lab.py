@@ -302,7 +302,13 @@ def test_no_marker_in_any_process_list_during_the_run(scan):
     target = next(p for p in scan["pollers"] if p.host == TARGET)
     loadgen = next(p for p in scan["pollers"] if p.host == LOADGEN)
     assert "AnsiballZ_hf_snapshot" in target.text and "vllm" in target.text
-    assert "--worker" in loadgen.text and "MODELSWAP_BENCH_API_KEY_FILE" not in loadgen.text
+    assert "--worker" in loadgen.text
+    # when a snapshot caught the worker's launch (Ansible's `environment:` is on that command line),
+    # it named the key's file, never the key
+    assert "MODELSWAP_BENCH_API_KEY=" not in loadgen.text
+    for line in loadgen.text.splitlines():
+        if "MODELSWAP_BENCH_API_KEY_FILE=" in line:
+            assert "MODELSWAP_BENCH_API_KEY_FILE=/var/tmp/modelswap-benchmark/" in line, line
 
 
 def test_only_the_0600_key_files_hold_a_marker_on_the_hosts(scan):
