@@ -69,7 +69,8 @@ def bounds(p):
 
 
 def config(p, raw_dir):
-    """The locustfile's config (no secret: the API key travels in the environment)."""
+    """The locustfile's config (no secret: the API key reaches Locust apart, in its environment on the
+    load host, in a 0600 file on a remote worker)."""
     slo = {k: v for k, v in (p.get("slo") or {}).items() if v is not None}
     return {
         "schema": CONFIG_SCHEMA, "target": p["url"].rstrip("/"), "api": p["api"], "model": p["model"],

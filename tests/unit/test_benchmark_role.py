@@ -124,7 +124,7 @@ def test_run_report_comparison_check_mode_and_skip(sim, inventory, tmp_path):
 def test_locust_workers_on_a_load_generator(sim, inventory, tmp_path):
     """Locust's distributed mode across hosts: the master on the controller, a worker started by
     the role on the load generator (here the same machine over a local connection), its records
-    fetched back into the run's raw folder, its copies (config, key in its environment) removed."""
+    fetched back into the run's raw folder, its copies (config, the 0600 API key file) removed."""
     results = tmp_path / "results"
     workers = tmp_path / "workers"
     proc = playbook(inventory, settings(
