@@ -189,7 +189,18 @@ def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dic
     }
 
 
+def host_records(hosts, hostvars) -> list:
+    """Each host's run record (None for a host that has none: unreachable, left out by --limit,
+    or stopped before its record was built), in the order of `hosts`."""
+    out = []
+    for host in hosts or []:
+        values = hostvars[host] if host in hostvars else {}
+        out.append(values["migrate_record"] if "migrate_record" in values else None)
+    return out
+
+
 class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines,
-                "migrate_record": migrate_record, "human_bytes": human_bytes}
+                "migrate_record": migrate_record, "migrate_host_records": host_records,
+                "human_bytes": human_bytes}
