@@ -8,7 +8,14 @@ model_purge_result, model_fetch_result, vllm_service_result, benchmark_result.
 """
 from __future__ import annotations
 
+import os
+
 RECORD_SCHEMA = 1
+
+
+def clean_path(value):
+    """A path as the record and the summary print it: normalized ('a/b/../c' -> 'a/c'); None stays."""
+    return os.path.normpath(value) if isinstance(value, str) and value else value
 
 
 def human_bytes(value) -> str:
@@ -184,7 +191,8 @@ def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dic
                   "mb_per_s": _get(fetch, "mb_per_s"), "verified": _get(fetch, "verification", "ok")},
         "swap": {"swapped": swapped, "replaced_model": _get(service, "replaced_model"),
                  "downtime_s": _get(service, "downtime_s"), "start_to_ready_s": _get(service, "start_to_ready_s")},
-        "benchmark": ({k: benchmark.get(k) for k in ("run_dir", "report", "saturation", "stopped_early", "comparison")}
+        "benchmark": (dict({k: benchmark.get(k) for k in ("saturation", "stopped_early", "comparison")},
+                           run_dir=clean_path(benchmark.get("run_dir")), report=clean_path(benchmark.get("report")))
                       if benchmark else None),
     }
 

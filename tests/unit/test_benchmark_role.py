@@ -34,14 +34,14 @@ def inventory(tmp_path_factory):
     return path
 
 
-def playbook(inventory, extra, *, check=False):
+def playbook(inventory, extra, *, check=False, cwd=REPO, host="sim1"):
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
-            "playbooks/benchmark.yml", "-e", "benchmark_hosts=sim1", "-e", json.dumps(extra)]
+            str(REPO / "playbooks/benchmark.yml"), "-e", f"benchmark_hosts={host}", "-e", json.dumps(extra)]
     if check:
         argv.append("--check")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def settings(sim, results, **kw):
@@ -142,3 +142,15 @@ def test_locust_workers_on_a_load_generator(sim, inventory, tmp_path):
     assert all(s["requests"]["completed"] > 0 for s in doc["steps"])
     assert not any(workers.iterdir()) if workers.exists() else True
     assert KEY not in proc.stdout
+
+
+def test_a_relative_results_dir_is_printed_normalized(sim, inventory, tmp_path):
+    """Run from another folder with modelswap_results_dir 'playbooks/../res': the report lands in
+    <that folder>/res/benchmark/... and the output names it without '..'."""
+    extra = settings(sim, None, benchmark_concurrency=[2], modelswap_results_dir="playbooks/../res")
+    del extra["benchmark_results_dir"]
+    proc = playbook(inventory, extra, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    [report] = sorted((tmp_path / "res" / "benchmark" / "sim1" / "sim" / "unknown-commit").glob("*/report.md"))
+    assert f"report: {report}" in proc.stdout
+    assert "/../" not in proc.stdout
