@@ -171,13 +171,32 @@ def _f(v, digits=1, pct=False):
     return str(v)
 
 
+def _tokens(counts):
+    """'129' when every request had the same count, else 'mean 127.5 (100-129)'."""
+    if counts["min"] == counts["max"]:
+        return f"{counts['min']:,}"
+    return f"mean {counts['mean']:,.1f} ({counts['min']:,}-{counts['max']:,})"
+
+
+def token_counts(prompt, output, settings):
+    """The tokens per request as usage reported them, and what was asked for (the header of report.md)."""
+    eos = " with ignore_eos" if settings.get("ignore_eos") else ""
+    if output is None:
+        return (f"~{settings['input_tokens']} prompt and {settings['output_tokens']} output tokens per request "
+                f"asked for{eos}; no completed request reported usage")
+    return (f"{_tokens(prompt) if prompt else '?'} prompt tokens (~{settings['input_tokens']} asked for) and "
+            f"{_tokens(output)} output tokens ({settings['output_tokens']} asked for{eos}) per request, as "
+            f"usage reported them for {output['n']:,} completed requests")
+
+
 def render_markdown(report, plots_written=None, plots_error=None):
     run, dep, sat = report["run"], report["deployment"] or {}, report["saturation"]
     s = run["settings"]
     out = [f"# Benchmark: {run['model']} on {run['host']}", ""]
+    tok = report["tokens"]
     out.append(f"Run `{run['id']}`, {run['started']} → {run['finished'] or 'not finished'}, against "
-               f"{run['target']} ({s['api']} API, closed loop, ~{s['input_tokens']} prompt tokens, "
-               f"{s['output_tokens']} output tokens{', ignore_eos' if s['ignore_eos'] else ''}).")
+               f"{run['target']} ({s['api']} API, closed loop): "
+               + token_counts(tok.get("prompt_tokens_per_request"), tok.get("output_tokens_per_request"), s) + ".")
     out.append("")
     valid = [st for st in report["steps"] if st["valid"]]
     if sat.get("peak_throughput") is not None:
@@ -235,7 +254,6 @@ def render_markdown(report, plots_written=None, plots_error=None):
         for st in flagged:
             for fl in st["flags"]:
                 out.append(f"- C={st['concurrency']} **{fl['code']}** ({fl['severity']}): {fl['message']}")
-    tok = report["tokens"]
     out += ["", "## Token accounting", "",
             f"Client (usage of every request of the run): {tok['client_completion_tokens']:,} output, "
             f"{tok['client_prompt_tokens']:,} prompt tokens. Server counters (vllm:generation_tokens_total, "

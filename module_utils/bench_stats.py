@@ -519,11 +519,19 @@ def find_knee(points, fraction=0.9, min_efficiency=0.5):
             "peak_concurrency": peak_c, "saturated": True, "efficiency": eff, "reason": reason}
 
 
+def _count_range(values):
+    """{n, min, max, mean} of token counts, or None without any."""
+    if not values:
+        return None
+    return {"n": len(values), "min": min(values), "max": max(values), "mean": math.fsum(values) / len(values)}
+
+
 def token_accounting(raw):
     """Client-side usage totals over every request of the run against the server's counters
     (vllm:generation_tokens_total / prompt_tokens_total, first to last /metrics sample)."""
     comp = prompt = 0
     missing = 0
+    per_output, per_prompt = [], []
     for recs in raw["workers"].values():
         for r in recs:
             if r.get("k") != "req":
@@ -532,11 +540,20 @@ def token_accounting(raw):
             if u:
                 comp += u[1] or 0
                 prompt += u[0] or 0
+                if request_success(r):
+                    if u[1] is not None:
+                        per_output.append(int(u[1]))
+                    if u[0] is not None:
+                        per_prompt.append(int(u[0]))
             elif r.get("c"):
                 missing += 1
     samples = [s for s in raw["master"] if s.get("k") == "srv" and s.get("ok") and "gen" in s]
     out = {"client_completion_tokens": comp, "client_prompt_tokens": prompt,
-           "requests_without_usage": missing, "server_generation_tokens": None,
+           "requests_without_usage": missing,
+           # what usage said per completed request (the settings say what was asked for)
+           "output_tokens_per_request": _count_range(per_output),
+           "prompt_tokens_per_request": _count_range(per_prompt),
+           "server_generation_tokens": None,
            "server_prompt_tokens": None, "match": None}
     if len(samples) >= 2:
         first, last = samples[0], samples[-1]
