@@ -26,10 +26,11 @@ try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
     MATPLOTLIB_ERROR = None
 except Exception:  # pragma: no cover - depends on the controller
     plt = None
+    LogFormatter = object
     MATPLOTLIB_ERROR = traceback.format_exc()
 
 REPORT_FILES = ("report.json", "steps.csv", "report.md")
@@ -292,22 +293,34 @@ def render_markdown(report, plots_written=None, plots_error=None):
     return "\n".join(out) + "\n"
 
 
-def render_plots(report, previous=None):
-    """{file name: PNG bytes}; raises RuntimeError when matplotlib is missing."""
-    if plt is None:
-        raise RuntimeError("matplotlib is not installed on the controller (pip install -r requirements.txt)")
+def plain_number(value, _pos=None):
+    """A tick label as people write numbers: 60, 0.5, 1,500 (not 6×10^1)."""
+    if value == 0:
+        return "0"
+    return f"{value:,.6f}".rstrip("0").rstrip(".")
+
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's choice of which log-axis ticks get a label (every decade, and some minor ticks
+    when the axis spans little), written as plain numbers."""
+
+    def __call__(self, x, pos=None):
+        return plain_number(x) if super().__call__(x, pos) else ""
+
+
+def _concurrency_axis(ax, steps):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([s["concurrency"] for s in steps])
+    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("concurrency (streams)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def throughput_figure(report, previous=None):
+    """The throughput plot (a matplotlib figure; the caller closes it)."""
     steps = report["steps"]
     sat = report["saturation"]
-    out = {}
-    meta = {"Software": None}
-
-    def xaxis(ax):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.set_xticks([s["concurrency"] for s in steps])
-        ax.set_xlabel("concurrency (streams)")
-        ax.grid(True, which="major", alpha=0.3)
-
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
     for key, label, color in (("output_throughput", "output tok/s", "tab:blue"),
                               ("total_token_throughput", "total tok/s", "tab:green")):
@@ -327,17 +340,18 @@ def render_plots(report, previous=None):
     if sat.get("knee_concurrency"):
         ax.axvline(sat["knee_concurrency"], color="tab:orange", linestyle=":",
                    label=f"knee (C={sat['knee_concurrency']})")
-    xaxis(ax)
+    _concurrency_axis(ax, steps)
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
     ax.set_title(f"Throughput: {report['run']['model']} on {report['run']['host']}")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata=meta)
-    plt.close(fig)
-    out["throughput.png"] = buf.getvalue()
+    return fig
 
+
+def latency_figure(report):
+    """The latency percentiles plot, log scales with plain tick labels (the caller closes it)."""
+    steps = report["steps"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), dpi=100)
     for ax, key, title in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms"), ("TTFT", "TPOT", "E2E latency")):
         for stat, style in (("median", "-o"), ("p90", "--s"), ("p99", ":^")):
@@ -348,17 +362,29 @@ def render_plots(report, previous=None):
         if bad:
             ax.scatter([s["concurrency"] for s in bad], [s[key]["median"] for s in bad], facecolors="none",
                        edgecolors="red", s=90, zorder=4, label="invalid step")
-        xaxis(ax)
+        _concurrency_axis(ax, steps)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(PlainLogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
         ax.set_ylabel("ms")
         ax.set_title(title)
         ax.legend(fontsize="small")
     fig.suptitle(f"Latency percentiles: {report['run']['model']} on {report['run']['host']}")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata=meta)
-    plt.close(fig)
-    out["latency.png"] = buf.getvalue()
+    return fig
+
+
+def render_plots(report, previous=None):
+    """{file name: PNG bytes}; raises RuntimeError when matplotlib is missing."""
+    if plt is None:
+        raise RuntimeError("matplotlib is not installed on the controller (pip install -r requirements.txt)")
+    out = {}
+    meta = {"Software": None}
+    for name, fig in (("throughput.png", throughput_figure(report, previous)), ("latency.png", latency_figure(report))):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata=meta)
+        plt.close(fig)
+        out[name] = buf.getvalue()
     return out
 
 

@@ -121,3 +121,47 @@ def test_the_header_gives_the_range_when_requests_differ_and_says_when_usage_is_
     assert br.token_counts(None, None, settings) == ("~100 prompt and 10 output tokens per request asked for; "
                                                      "no completed request reported usage")
 
+
+def visible_tick_labels(fig):
+    """The text of every tick label drawn inside the axes' view, per axis of each subplot."""
+    fig.canvas.draw()
+    out = []
+    for ax in fig.axes:
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+            out.append([t.label1.get_text() for t in ticks
+                        if t.label1.get_text() and min(lo, hi) <= t.get_loc() <= max(lo, hi)])
+    return out
+
+
+def test_plots_have_plain_tick_labels_on_log_axes():
+    """A latency range within one decade (60-90 ms) gets minor tick labels: they read 60, 70, ...
+    and never 6×10^1 (matplotlib's default on log axes)."""
+    import matplotlib.pyplot as plt
+
+    rep = report_of(synthetic_run())
+    base = rep["steps"][0]
+    rep["steps"] = []
+    for c, ms in ((1, 60.0), (4, 70.0), (16, 90.0)):
+        step = json.loads(json.dumps(base))
+        step["concurrency"] = c
+        for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            step[key].update(median=ms, p90=ms * 1.05, p99=ms * 1.1)
+        rep["steps"].append(step)
+    for fig in (br.latency_figure(rep), br.throughput_figure(rep)):
+        try:
+            labels = visible_tick_labels(fig)
+        finally:
+            plt.close(fig)
+        for texts in labels:
+            assert texts, "every axis is labelled"
+            for text in texts:
+                assert not any(mark in text for mark in ("$", "\\times", "×", "^", "e+")), text
+                float(text.replace(",", ""))
+        assert labels[0] == ["1", "4", "16"]                     # the concurrency axis: the steps
+    latency = br.latency_figure(rep)
+    try:
+        ttft_y = visible_tick_labels(latency)[1]
+    finally:
+        plt.close(latency)
+    assert {"60", "70", "80", "90"} <= set(ttft_y)
