@@ -68,6 +68,7 @@ DEFAULT_CHECKS = {
     "min_requests_per_user": 3,
 }
 
+
 def littles_law_window(tolerance, e2el_s=None):
     """The shortest measured window in which Little's law can be checked within ±tolerance.
 
