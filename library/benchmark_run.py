@@ -97,9 +97,10 @@ options:
     default: 300
   min_requests_per_user:
     description: The window extends (up to O(measure_max_s)) until it holds this many requests
-      per concurrent user.
+      per concurrent user; 11 is the least with which the report's Little's law check (10 %) can
+      hold (see O(littles_law_tolerance)).
     type: float
-    default: 3
+    default: 11
   max_requests_per_step:
     description: The window closes when this many requests were sent in it.
     type: int
@@ -188,12 +189,21 @@ options:
     description: Write the run's C(config.json) (for remote workers) and return; start no load.
     type: bool
     default: false
+  littles_law_tolerance:
+    description:
+      - The tolerance of the report's Little's law check (M(modelswap.vllm.benchmark_report)'s
+        C(littles_law_tolerance), 0.1 by default). A measured window can only pass that check when
+        it holds at least C(ceil(1 / tolerance) + 1) requests per user (11 at 0.1), a window of
+        C(1 / tolerance) times the step's E2E latency; settings that let a window close earlier
+        (O(min_requests_per_user), O(max_requests_per_step)) are named in RV(window_warnings).
+    type: float
 attributes:
   check_mode:
     description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
-      - Validates and returns the plan and its bounds; starts no load and writes nothing.
+      - Validates and returns the plan and its bounds; starts no load and writes nothing. In check
+        mode the window warnings are also issued as warnings.
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
@@ -239,6 +249,18 @@ config:
   description: The locustfile's config file (written unless in check mode).
   returned: always
   type: str
+lines:
+  description: The plan as an operator reads it - target, ladder, each step's ramp, warm-up, window and
+    drain, timeouts, stop conditions, bounds, load processes, and the window warnings.
+  returned: always
+  type: list
+  elements: str
+window_warnings:
+  description: Why a step's measured window may hold too few requests per user for the report's
+    Little's law check, with the settings that fix it; empty when none.
+  returned: always
+  type: list
+  elements: str
 bounds:
   description: The run's bound in seconds (Locust is killed past it) and in measured requests.
   returned: always
@@ -292,7 +314,7 @@ def main():
             warmup_s=dict(type="float", default=10.0),
             measure_s=dict(type="float", default=60.0),
             measure_max_s=dict(type="float", default=300.0),
-            min_requests_per_user=dict(type="float", default=3.0),
+            min_requests_per_user=dict(type="float", default=11.0),
             max_requests_per_step=dict(type="int", default=200000),
             request_timeout_s=dict(type="float", default=600.0),
             slo=dict(type="dict", default={}),
@@ -312,6 +334,7 @@ def main():
             cpu_affinity=dict(type="list", elements="int", default=[]),
             validate_certs=dict(type="bool", default=True),
             prepare_only=dict(type="bool", default=False),
+            littles_law_tolerance=dict(type="float"),
         ),
         supports_check_mode=True,
     )
@@ -320,6 +343,9 @@ def main():
         p[key] = os.path.abspath(p[key])      # Locust runs inside run_dir
     unknown_slo = set(p["slo"]) - {"ttft_ms", "tpot_ms", "e2el_ms"}
     problems = bl.validate(p)
+    tolerance = p["littles_law_tolerance"]
+    if tolerance is not None and not tolerance > 0:
+        problems.append(f"littles_law_tolerance must be above 0; got {tolerance}")
     if p["processes"] and p["expect_workers"]:
         problems.append("use either processes (workers on this host) or expect_workers (workers on other "
                         "hosts), not both")
@@ -346,8 +372,12 @@ def main():
                                 "input_tokens", "output_tokens", "api", "target", "slo", "stop_error_rate",
                                 "stop_min_good_ratio")}
     config_path = os.path.join(run_dir, "config.json")
-    result = dict(changed=True, run_dir=run_dir, raw_dir=raw_dir, plan=plan, bounds=bounds, config=config_path)
+    window_warnings = bl.window_warnings(p, tolerance)
+    result = dict(changed=True, run_dir=run_dir, raw_dir=raw_dir, plan=plan, bounds=bounds, config=config_path,
+                  window_warnings=window_warnings, lines=bl.plan_lines(p, bounds, window_warnings))
     if module.check_mode:
+        for warning in window_warnings:
+            module.warn(f"benchmark: {warning}")
         module.exit_json(**result)
 
     if os.path.exists(os.path.join(raw_dir, "master.jsonl")):

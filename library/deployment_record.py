@@ -195,17 +195,12 @@ def main():
     p = module.params
     path = p["path"]
     modes = {}
-    try:
-        mode = int(p["mode"], 8)
-        for f in p["saved_files"]:
-            modes[f["name"]] = int(f["mode"], 8)
-    except ValueError:
-        module.fail_json(msg="deployment_record: a mode is not an octal permission like 0644")
-    if p["saved_files"] and not p["saved_dir"]:
-        module.fail_json(msg="deployment_record: saved_files needs saved_dir (where to keep them)")
-    names = [f["name"] for f in p["saved_files"]]
-    if len(set(names)) != len(names) or any("/" in n or n in ("", ".", "..") for n in names):
-        module.fail_json(msg="deployment_record: saved_files names must be unique plain file names")
+    why = dr.options_problem(p["mode"], p["saved_files"], p["saved_dir"])
+    if why:
+        module.fail_json(msg="deployment_record: %s (nothing was written)" % why)
+    mode = int(p["mode"], 8)
+    for f in p["saved_files"]:
+        modes[f["name"]] = int(f["mode"], 8)
 
     def answer(record, changed, diff=None, saved=None):
         result = {"changed": changed, "record": record, "deployment": dr.current(record),
@@ -237,9 +232,10 @@ def main():
             answer(dr.read(path), False)
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         deployment = with_checksums(p["deployment"], p["unit_file"], p["env_file"])
+        # plan first, without the lock: a bad deployment or an unreadable record changes nothing
+        before = dr.read(path)
+        after, changed = dr.record_deployment(before, deployment, when)
         if module.check_mode:
-            before = dr.read(path)
-            after, changed = dr.record_deployment(before, deployment, when)
             actions = saved_plan(changed and dr.current(before) is not None)
             answer(after, changed or bool(actions),
                    {"before": dr.dumps(before) if before else "", "after": dr.dumps(after),
@@ -259,7 +255,9 @@ def main():
             if changed:
                 dr.write(path, after, mode)
     except dr.RecordError as exc:
-        module.fail_json(msg="deployment_record: recording the deployment in %s failed: %s" % (path, exc))
+        module.fail_json(msg="deployment_record: %s %s failed: %s (nothing was written)" % (
+            "reading the deployment record" if p["state"] == "read" else "recording the deployment in",
+            path, exc))
     except OSError as exc:
         module.fail_json(msg="deployment_record: writing %s failed: %s; check that its folder "
                              "exists and is writable (run with become)"

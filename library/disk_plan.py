@@ -65,6 +65,15 @@ options:
     description:
       - Hub token for private or gated repos. Never logged or returned.
     type: str
+  http_endpoint_trusted:
+    description:
+      - With a O(token), listing the target on a plain C(http://) endpoint is refused before any request
+        (the token would cross the network in clear text). C(true) says that endpoint is on a network
+        you trust (the lab's local Hub on its own bridge). Without a token, C(http://) is always allowed.
+      - The target's file list, from the Hub or the cache's tree listing, is refused when a path or blob
+        id in it is unsafe (C(..), an absolute path, a control character, an id that is not hex).
+    type: bool
+    default: false
   headroom:
     description:
       - Free space to keep after the download, as a percentage of the file system's size
@@ -303,6 +312,7 @@ timings:
   type: dict
 """
 
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -327,6 +337,7 @@ def main():
         target_bytes=dict(type="int"),
         endpoint=dict(type="str"),
         token=dict(type="str", no_log=True),
+        http_endpoint_trusted=dict(type="bool", default=False),
         headroom=dict(type="str", default="5%"),
         candidates=dict(type="list", elements="str"),
         clean_orphans=dict(type="bool", default=True),
@@ -377,7 +388,7 @@ def main():
             listed = hub_files.target_files(
                 entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=p["endpoint"],
                 token=p["token"], allow_patterns=entry["allow_patterns"],
-                ignore_patterns=entry["ignore_patterns"])
+                ignore_patterns=entry["ignore_patterns"], http_endpoint_trusted=p["http_endpoint_trusted"])
         except dp.PlanError as exc:
             fail(str(exc))
         listed_files = listed["files"]
@@ -408,6 +419,10 @@ def main():
                 fail("candidate %s; remove it from candidates (nothing was changed)" % exc)
             except dp.PlanError as exc:
                 fail("candidate %r: %s" % (text, exc))
+            if item.kind == "dir" and store.dirs[item.name].is_link:
+                fail("candidate %r is a symlink (to %s), not a model directory, and model_purge refuses "
+                     "it; name the directory itself or remove it from candidates"
+                     % (text, os.readlink(item.path)))
             guard = dp.protecting(item, protections)
             if guard is not None and not (guard.rule == "served" and p["allow_served_purge"]
                                           and item in state["served_items"]):

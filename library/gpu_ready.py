@@ -471,6 +471,7 @@ def main():
             min_compute_capability=p["min_compute_capability"], devices=p["devices"],
             wait_timeout=p["wait_timeout"], poll_interval=p["poll_interval"])
         if p["shm_cleanup"]:
+            shm.validate_dir(p["shm_dir"])
             shm.validate_patterns(p["shm_patterns"])
             shm.resolve_user(p["service_user"])
     except (nv.InputError, shm.ShmError) as exc:

@@ -32,6 +32,13 @@ description:
     without any network request (with a pinned commit; a branch costs one request to resolve).
   - Long downloads report progress while they run through O(progress_file), which the
     M(modelswap.vllm.hf_snapshot_progress) module reads (the model_fetch role polls it).
+  - Nothing the Hub or the disk says is used to build a path unchecked. Every file path of the commit's
+    file list (from the Hub, huggingface_hub's tree cache, or a manifest) must be a normalized relative
+    path (no C(..), C(.) or empty segment, not absolute, no control character) and every blob id 40 or
+    64 lowercase hex digits; otherwise the module fails naming the entry before anything is written or
+    deleted. Every deletion of a bad file is confined to the repository folder (or the O(local_dir)),
+    symlinks resolved, and never removes a blob that another snapshot links to or that another commit's
+    verified manifest lists.
 options:
   repo_id:
     description: The repository, C(org/name).
@@ -71,6 +78,14 @@ options:
   endpoint:
     description: The Hub's URL (a mirror, the lab's local Hub). Default C(HF_ENDPOINT) or huggingface.co.
     type: str
+  http_endpoint_trusted:
+    description:
+      - With a O(token), a plain C(http://) endpoint is refused before any request, because the token
+        would cross the network in clear text (and a man in the middle could serve a forged file list).
+        C(true) says that endpoint is on a network you trust (the lab's local Hub on its own bridge).
+      - Without a token, or with O(offline=true) (nothing is sent), C(http://) is always allowed.
+    type: bool
+    default: false
   workers:
     description: Files downloaded at once (one connection each).
     type: int
@@ -242,9 +257,24 @@ files_downloaded:
   returned: success
   type: int
 bytes_downloaded:
-  description: Bytes received by this run.
+  description:
+    - Bytes of the files this run fetched (their sizes, as stored; a transfer that restarted counts once).
   returned: success
   type: int
+bytes_received:
+  description:
+    - Bytes that actually arrived over the network in this run, counted as they arrived. More than
+      RV(bytes_downloaded) when a transfer restarted from byte 0 (a server ignored a resume's Range) or
+      a file was fetched again after a failed verification.
+  returned: success
+  type: int
+kept_blobs:
+  description:
+    - Blobs that cleaning a bad file left in place because another snapshot links to them or another
+      commit's verified manifest lists them (blob, because).
+  returned: success
+  type: list
+  elements: dict
 seconds:
   description: Wall time of the whole run.
   returned: always
@@ -322,7 +352,8 @@ library_messages:
   elements: str
 cause:
   description: On failure, a short code of the cause (repo_not_found, revision_not_found, gated, unauthorized,
-    hub_unavailable, unreachable, disk_full, not_writable, corrupt, no_match, locked, offline, bad_repo_id, ...).
+    hub_unavailable, unreachable, disk_full, not_writable, corrupt, no_match, locked, offline, bad_repo_id,
+    bad_listing, unsafe_path, insecure_endpoint, ...).
   returned: failure
   type: str
 """
@@ -397,6 +428,7 @@ def main():
             ignore_patterns=dict(type="list", elements="str"),
             token=dict(type="str", no_log=True),
             endpoint=dict(type="str"),
+            http_endpoint_trusted=dict(type="bool", default=False),
             workers=dict(type="int", default=8),
             verify=dict(type="str", choices=["full", "size"], default="full"),
             verify_workers=dict(type="int", default=0),
@@ -457,7 +489,8 @@ def main():
         allow_patterns=p["allow_patterns"], ignore_patterns=p["ignore_patterns"], token=p["token"],
         endpoint=p["endpoint"], workers=p["workers"], verify_workers=p["verify_workers"], verify=p["verify"],
         reverify=p["reverify"], use_xet=p["use_xet"], offline=p["offline"], retries=p["retries"],
-        retry_delay=p["retry_delay"], timeout=p["timeout"], lock_timeout=p["lock_timeout"], progress=progress)
+        retry_delay=p["retry_delay"], timeout=p["timeout"], lock_timeout=p["lock_timeout"], progress=progress,
+        http_endpoint_trusted=p["http_endpoint_trusted"])
 
     def failed(exc):
         partial = getattr(exc, "partial", None) or {}
@@ -465,6 +498,8 @@ def main():
         if partial:
             extra.update(files_downloaded=partial.get("files_downloaded", 0),
                          bytes_downloaded=partial.get("bytes_downloaded", 0),
+                         bytes_received=partial.get("bytes_received", 0),
+                         kept_blobs=partial.get("kept_blobs", []),
                          refetched=partial.get("refetched", []),
                          verify_failures=partial.get("verify_failures", []),
                          orphans_removed=partial.get("orphans_removed", []))
@@ -489,7 +524,8 @@ def main():
     wanted = job.wanted
     result = dict(base, commit=job.commit, snapshot_path=layout.snapshot(job.commit), layout=layout.kind,
                   files=len(wanted), bytes_total=sum(int(e["size"]) for e in wanted.values()),
-                  files_downloaded=0, bytes_downloaded=0, manifest=job.manifest_file, orphans_removed=[],
+                  files_downloaded=0, bytes_downloaded=0, bytes_received=0, kept_blobs=[],
+                  manifest=job.manifest_file, orphans_removed=[],
                   listing_source=job.listing_source, resolved_by=job.resolved_by)
     before_manifest = job.manifest
     changed = not plan["noop"]
@@ -539,6 +575,7 @@ def main():
         except OSError as exc:
             failed(job._fail(exc, "writing the snapshot of %s" % p["repo_id"]))
         result.update(files_downloaded=out["files_downloaded"], bytes_downloaded=out["bytes_downloaded"],
+                      bytes_received=out.get("bytes_received", 0), kept_blobs=out.get("kept_blobs", []),
                       orphans_removed=out["orphans_removed"])
         extra = layout.extra_files(wanted)
         if extra:

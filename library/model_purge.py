@@ -11,9 +11,16 @@ module: model_purge
 short_description: Delete cached models safely, inside configured roots only
 version_added: "0.1.0"
 description:
-  - Removes Hugging Face cache repos or single revisions through huggingface_hub's own delete
-    strategy (C(scan_cache_dir().delete_revisions(...))), so blobs that a remaining revision or
-    another repo shares survive; and removes plain model directories.
+  - Removes Hugging Face cache repos or single revisions with the semantics of huggingface_hub's
+    C(HFCacheInfo.delete_revisions) (blobs that a remaining revision or another repo
+    shares survive), and removes plain model directories.
+  - The paths to delete are planned once, from the module's own scan, and deleted exactly as
+    planned (through huggingface_hub's C(DeleteCacheStrategy) for healthy repos); nothing is
+    derived from where a link points at delete time. With the locks held, right before deleting,
+    every planned path is checked again (same inode and type, reached through no symlink, a blob
+    a regular file in its repo's C(blobs) folder) and every affected repo is scanned again; if
+    anything changed since the plan (a snapshot link retargeted, a planned file gone or replaced, a
+    new revision or ref), the module fails naming the changes and deletes nothing.
   - Refuses, before deleting anything and with a message naming the item and the rule, the
     served model (from the deployment record, the running vLLM unit, any running vLLM server
     and O(served)), the target,
@@ -184,9 +191,19 @@ planned_bytes:
   returned: always
   type: int
 expected_freed_size:
-  description: huggingface_hub's own DeleteCacheStrategy.expected_freed_size (apparent bytes of blobs).
+  description:
+    - Apparent bytes of the cache blobs the purge deletes, counted as huggingface_hub's
+      DeleteCacheStrategy.expected_freed_size counts them (a blob another revision still links is
+      not counted; a shared-store payload only when its last link goes). From the plan, so check
+      mode returns the same figure as the real run.
   returned: always
   type: int
+changes:
+  description: When the store changed between the plan and the deletion, what changed (nothing
+    was deleted).
+  returned: failure
+  type: list
+  elements: str
 freed_bytes:
   description: Bytes actually freed, measured with statvfs before and after (null in check mode).
   returned: always
@@ -197,12 +214,13 @@ diff:
   type: dict
 """
 
+import dataclasses
 import os
 import shutil
+from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
@@ -212,10 +230,10 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store_context impor
 )
 
 try:
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import DeleteCacheStrategy
     HF_IMPORT_ERROR = None
 except Exception as exc:  # pragma: no cover - exercised on hosts without the library
-    scan_cache_dir = None
+    DeleteCacheStrategy = None
     HF_IMPORT_ERROR = exc
 
 ACTION = "model_purge"
@@ -271,6 +289,26 @@ def free_bytes(paths) -> int:
             seen.add(dev)
             total += st.f_bfree * st.f_frsize
     return total
+
+
+def delete_step(store, step):
+    """Delete exactly ``step``'s planned paths (ms.delete_plan), already re-checked: a healthy
+    repo's through huggingface_hub's strategy (its deletion order and shared-store cleanup), a
+    damaged repo or a plain directory with rmtree."""
+    if step.uses_hf:
+        fields = {f.name for f in dataclasses.fields(DeleteCacheStrategy)}
+        extra = {"cache_dir": Path(store.cache_dir)} if "cache_dir" in fields else {}
+        DeleteCacheStrategy(
+            expected_freed_size=step.expected,
+            blobs=frozenset(Path(x) for x in step.paths("blob")),
+            refs=frozenset(Path(x) for x in step.paths("ref")),
+            repos=frozenset(Path(x) for x in step.paths("repo")),
+            snapshots=frozenset(Path(x) for x in step.paths("snapshot")), **extra).execute()
+        ms.remove_metadata(step)
+    else:
+        shutil.rmtree(step.unlinks[0].path)
+    if step.whole and step.folder:
+        shutil.rmtree(sl.lock_dir(store.cache_dir, step.folder), ignore_errors=True)
 
 
 def main():
@@ -369,7 +407,7 @@ def main():
             steps.append(("dir", item.name, [item]))
     sim = ms.DeletionSimulator(store)
     removed = []
-    hf_repos = []
+    repo_steps = []
     for kind, key, group in steps:
         if kind == "revisions":
             effect = sim.apply_revisions(key, [i.commit for i in group])
@@ -389,7 +427,8 @@ def main():
                 module.fail_json(msg="%s refused %s: the cached repo is damaged (%s); purge the whole "
                                      "repo instead; nothing was deleted" % (ACTION, repo.repo_id, repo.problems[0]),
                                  changed=False)
-            hf_repos.append((kind, key, [i.commit for i in group], effect))
+            repo_steps.append((key, effect))
+    plan = ms.delete_plan(store, repo_steps, [g[0].name for k, _, g in steps if k == "dir"])
 
     # 3. orphans and stale locks (in repos that stay), only when the cache is inside the roots
     cache_in_roots = bool(store.cache_dir) and any(ms.is_within(store.cache_dir, r) for r in roots)
@@ -434,7 +473,8 @@ def main():
     changed = bool(removed or orphans or stale)
     result = dict(changed=changed, removed=removed, absent=absent, orphans_removed=orphans,
                   orphans_busy=busy_orphans, locks_removed=[s["path"] for s in stale],
-                  planned_bytes=planned, expected_freed_size=0, freed_bytes=None)
+                  planned_bytes=planned, expected_freed_size=sum(st.expected for st in plan),
+                  freed_bytes=None)
     if module._diff:
         gone = list(chosen) + [ms.Item("orphan", folder=o.folder, path=o.path)
                                for r in store.repos.values() for o in r.orphans
@@ -445,10 +485,8 @@ def main():
     if module.check_mode or not changed:
         module.exit_json(**result)
 
-    # 4. do it: hold every lock of what changes, then delete
-    # huggingface_hub's strategy for healthy repos with revisions; rmtree for the rest (whole only)
-    hf_items = [h for h in hf_repos if not store.repos[h[1]].problems and store.repos[h[1]].revisions]
-    if hf_items and scan_cache_dir is None:
+    # 4. do it: hold every lock of what changes, check the plan still holds, delete exactly it
+    if any(st.uses_hf for st in plan) and DeleteCacheStrategy is None:
         module.fail_json(msg=missing_required_lib("huggingface_hub"), exception=str(HF_IMPORT_ERROR))
     holders = []
     done = []
@@ -456,12 +494,6 @@ def main():
     def release():
         for h in holders:
             h.release()
-
-    def abort(msg):
-        release()
-        module.fail_json(msg="%s: %s; done before the failure: %s" % (
-            ACTION, msg, ", ".join(done) or "nothing"), changed=bool(done), **{
-                k: v for k, v in result.items() if k != "changed"})
 
     for kind, key, group in steps:
         item = group[0]
@@ -473,50 +505,24 @@ def main():
             module.fail_json(msg="%s refused %s: a download holds %s; wait for it to finish or stop it; "
                                  "nothing was deleted" % (ACTION, item.ident, busy[0]), changed=False)
         holders.append(holder)
-    hf_view = None
-    if hf_items:
-        hf_view = scan_cache_dir(store.cache_dir)
-        known = {str(r.repo_path): {rev.commit_hash for rev in r.revisions} for r in hf_view.repos}
-        for kind, folder, commits, effect in hf_items:
-            repo = store.repos[folder]
-            want = set(repo.revisions) if kind == "repo" else set(commits)
-            if not want <= known.get(repo.path, set()):
-                release()
-                module.fail_json(msg="%s refused %s: huggingface_hub does not see revisions %s in its "
-                                     "cache scan (damaged repo?); nothing was deleted" % (
-                                         ACTION, repo.repo_id, ", ".join(sorted(want - known.get(repo.path, set())))),
-                                 changed=False)
+    changes = ms.plan_changes(store, plan)
+    if changes:
+        release()
+        module.fail_json(msg="%s refused: the store changed since it was planned (%s%s); nothing was "
+                             "deleted; find out who writes to it, then run again to plan afresh" % (
+                                 ACTION, "; ".join(changes[:5]),
+                                 "; and %d more" % (len(changes) - 5) if len(changes) > 5 else ""),
+                         changes=changes, changed=False)
     before = free_bytes([r for r in (store.cache_dir, store.models_dir) if r])
-    expected = 0
     try:
-        for kind, folder, commits, effect in hf_repos:
-            repo = store.repos[folder]
-            if repo.problems or not repo.revisions:
-                # damaged or empty: huggingface_hub skips it; only a whole-repo purge gets here
-                shutil.rmtree(repo.path)
-            else:
-                revisions = list(repo.revisions) if kind == "repo" else commits
-                strategy = hf_view.delete_revisions(*revisions)
-                expected += strategy.expected_freed_size
-                strategy.execute()
-            if effect.removes_repo:
-                shutil.rmtree(sl.lock_dir(store.cache_dir, folder), ignore_errors=True)
-            else:
-                for commit in commits:  # metadata huggingface_hub and hf_snapshot leave behind
-                    for meta in (os.path.join(repo.path, "trees", commit + ".json"),
-                                 hf_manifest.manifest_path(repo.path, commit)):
-                        if os.path.lexists(meta):
-                            os.unlink(meta)
-                    no_exist = os.path.join(repo.path, ".no_exist", commit)
-                    if os.path.isdir(no_exist) and not os.path.islink(no_exist):
-                        shutil.rmtree(no_exist)
-            done.append(repo.repo_id if kind == "repo" else "%s@%s" % (repo.repo_id, ",".join(commits)))
-        for kind, key, group in steps:
-            if kind == "dir":
-                shutil.rmtree(group[0].path)
-                done.append(group[0].path)
+        for st in plan:
+            delete_step(store, st)
+            done.append(st.label)
     except OSError as exc:
-        abort("deleting failed (%s)" % exc)
+        release()
+        module.fail_json(msg="%s: deleting failed (%s); done before the failure: %s" % (
+            ACTION, exc, ", ".join(done) or "nothing"), changed=bool(done), **{
+                k: v for k, v in result.items() if k != "changed"})
     release()
 
     # orphans: per repo, only with every lock of the repo held
@@ -576,7 +582,7 @@ def main():
             holder.release()
     result["locks_removed"] = removed_locks
     after = free_bytes([r for r in (store.cache_dir, store.models_dir) if r])
-    result.update(expected_freed_size=expected, freed_bytes=after - before,
+    result.update(freed_bytes=after - before,
                   changed=bool(done or removed_orphans or removed_locks))
     module.exit_json(**result)
 

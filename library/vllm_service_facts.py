@@ -266,6 +266,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    why = dr.facts_options_problem(p["unit"], p["replaces"], p["port"],
+                                   p["model"]["repo_id"] if p["model"] else None)
+    if why:
+        module.fail_json(msg="vllm_service_facts: %s" % why)
     try:
         record = dr.read(p["record_path"])
     except dr.RecordError as exc:

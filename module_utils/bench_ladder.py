@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+
 CONFIG_SCHEMA = 1
 RAMP_GRACE_S = 30          # the ladder moves on when a ramp has not finished this long after ramp_s
 START_GRACE_S = 120        # Locust start-up, workers connecting, the final sample
@@ -68,8 +70,77 @@ def bounds(p):
             "seconds_per_step_max": int(per_step)}
 
 
+def window_warnings(p, tolerance=None):
+    """Why the measured windows of these settings may be too short for the report's Little's law
+    check (bench_stats.littles_law_window, the rule the littles_law flag states), as messages;
+    empty when every window is sure to hold enough requests per user. Before the run the E2E
+    latency is unknown, so only the request counts can be checked."""
+    tolerance = tolerance or bs.DEFAULT_CHECKS["littles_law_tolerance"]
+    need = bs.littles_law_window(tolerance)
+    n, multiple = need["requests_per_user"], need["e2el_multiple"]
+    top = max(p["concurrency"])
+    out = []
+    if p["min_requests_per_user"] < n:
+        out.append(
+            f"a step's measured window may close after measure_s ({p['measure_s']:g} s) holding only "
+            f"{p['min_requests_per_user']:g} requests per user; Little's law (±{tolerance:.0%}) needs at least {n} "
+            f"(a window of {multiple:g} × the step's E2E latency), so such steps are flagged littles_law and "
+            f"invalid: set min_requests_per_user (benchmark_min_requests_per_user) to {n}, or measure_s to at "
+            f"least {multiple:g} × the E2E latency expected at C={top}")
+    if p["max_requests_per_step"] < n * top:
+        out.append(
+            f"max_requests_per_step ({p['max_requests_per_step']}) closes the window at C={top} after "
+            f"{p['max_requests_per_step'] / top:.1f} requests per user, fewer than the {n} that Little's law "
+            f"(±{tolerance:.0%}) needs: raise it to at least {n * top}")
+    return out
+
+
+def _duration(seconds):
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def plan_lines(p, bounds, warnings=()):
+    """The run's plan as an operator reads it (the role shows it, in check mode too)."""
+    ladder = ",".join(str(c) for c in p["concurrency"])
+    slo = ", ".join(f"{k[:-3].upper()} <= {v:g} ms" for k, v in sorted((p.get("slo") or {}).items())
+                    if v is not None)
+    stops = []
+    if p.get("stop_error_rate") is not None:
+        stops.append(f"a step's error rate above {p['stop_error_rate']:.1%}")
+    if slo and p.get("stop_min_good_ratio") is not None:
+        stops.append(f"fewer than {p['stop_min_good_ratio']:.0%} of a step's requests meeting the SLOs")
+    if p.get("expect_workers"):
+        load = f"a Locust master for {p['expect_workers']} worker host(s)"
+    elif p.get("processes"):
+        load = ("one Locust process per core" if p["processes"] == -1
+                else f"{p['processes']} Locust worker processes")
+    else:
+        load = "one Locust process"
+    lines = [
+        f"  target: {p['url'].rstrip('/')} ({p['api']} API), model {p['model']}",
+        f"  ladder: C={ladder} (closed loops, no wait); ~{p['input_tokens']} prompt tokens, "
+        f"{p['output_tokens']} output tokens per request{' (ignore_eos)' if p.get('ignore_eos') else ''}",
+        f"  each step: ramp {p['ramp_s']:g} s, warm-up {p['warmup_s']:g} s (discarded), measured window "
+        f"{p['measure_s']:g} s to {p['measure_max_s']:g} s until it holds {p['min_requests_per_user']:g} requests "
+        f"per user (at most {p['max_requests_per_step']:,}), then a drain of at most {drain_timeout(p):g} s",
+        f"  requests time out after {p['request_timeout_s']:g} s; SLOs: {slo or 'none'}; stops early on: "
+        f"{' or '.join(stops) or 'nothing'}",
+        f"  bounds: at most {bounds['seconds']:,} s in all ({_duration(bounds['seconds'])}; Locust is killed "
+        f"past it), {bounds['seconds_per_step_max']:,} s per step, {bounds['measured_requests']:,} measured requests",
+        f"  load: {load}, scheduling {p.get('scheduling') or 'normal'}",
+    ]
+    lines += [f"  WARNING: {w}" for w in warnings]
+    return lines
+
+
 def config(p, raw_dir):
-    """The locustfile's config (no secret: the API key travels in the environment)."""
+    """The locustfile's config (no secret: the API key reaches Locust apart, in its environment on the
+    load host, in a 0600 file on a remote worker)."""
     slo = {k: v for k, v in (p.get("slo") or {}).items() if v is not None}
     return {
         "schema": CONFIG_SCHEMA, "target": p["url"].rstrip("/"), "api": p["api"], "model": p["model"],

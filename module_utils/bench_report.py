@@ -26,10 +26,11 @@ try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
     MATPLOTLIB_ERROR = None
 except Exception:  # pragma: no cover - depends on the controller
     plt = None
+    LogFormatter = object
     MATPLOTLIB_ERROR = traceback.format_exc()
 
 REPORT_FILES = ("report.json", "steps.csv", "report.md")
@@ -171,13 +172,32 @@ def _f(v, digits=1, pct=False):
     return str(v)
 
 
+def _tokens(counts):
+    """'129' when every request had the same count, else 'mean 127.5 (100-129)'."""
+    if counts["min"] == counts["max"]:
+        return f"{counts['min']:,}"
+    return f"mean {counts['mean']:,.1f} ({counts['min']:,}-{counts['max']:,})"
+
+
+def token_counts(prompt, output, settings):
+    """The tokens per request as usage reported them, and what was asked for (the header of report.md)."""
+    eos = " with ignore_eos" if settings.get("ignore_eos") else ""
+    if output is None:
+        return (f"~{settings['input_tokens']} prompt and {settings['output_tokens']} output tokens per request "
+                f"asked for{eos}; no completed request reported usage")
+    return (f"{_tokens(prompt) if prompt else '?'} prompt tokens (~{settings['input_tokens']} asked for) and "
+            f"{_tokens(output)} output tokens ({settings['output_tokens']} asked for{eos}) per request, as "
+            f"usage reported them for {output['n']:,} completed requests")
+
+
 def render_markdown(report, plots_written=None, plots_error=None):
     run, dep, sat = report["run"], report["deployment"] or {}, report["saturation"]
     s = run["settings"]
     out = [f"# Benchmark: {run['model']} on {run['host']}", ""]
+    tok = report["tokens"]
     out.append(f"Run `{run['id']}`, {run['started']} → {run['finished'] or 'not finished'}, against "
-               f"{run['target']} ({s['api']} API, closed loop, ~{s['input_tokens']} prompt tokens, "
-               f"{s['output_tokens']} output tokens{', ignore_eos' if s['ignore_eos'] else ''}).")
+               f"{run['target']} ({s['api']} API, closed loop): "
+               + token_counts(tok.get("prompt_tokens_per_request"), tok.get("output_tokens_per_request"), s) + ".")
     out.append("")
     valid = [st for st in report["steps"] if st["valid"]]
     if sat.get("peak_throughput") is not None:
@@ -235,7 +255,6 @@ def render_markdown(report, plots_written=None, plots_error=None):
         for st in flagged:
             for fl in st["flags"]:
                 out.append(f"- C={st['concurrency']} **{fl['code']}** ({fl['severity']}): {fl['message']}")
-    tok = report["tokens"]
     out += ["", "## Token accounting", "",
             f"Client (usage of every request of the run): {tok['client_completion_tokens']:,} output, "
             f"{tok['client_prompt_tokens']:,} prompt tokens. Server counters (vllm:generation_tokens_total, "
@@ -274,22 +293,34 @@ def render_markdown(report, plots_written=None, plots_error=None):
     return "\n".join(out) + "\n"
 
 
-def render_plots(report, previous=None):
-    """{file name: PNG bytes}; raises RuntimeError when matplotlib is missing."""
-    if plt is None:
-        raise RuntimeError("matplotlib is not installed on the controller (pip install -r requirements.txt)")
+def plain_number(value, _pos=None):
+    """A tick label as people write numbers: 60, 0.5, 1,500 (not 6×10^1)."""
+    if value == 0:
+        return "0"
+    return f"{value:,.6f}".rstrip("0").rstrip(".")
+
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's choice of which log-axis ticks get a label (every decade, and some minor ticks
+    when the axis spans little), written as plain numbers."""
+
+    def __call__(self, x, pos=None):
+        return plain_number(x) if super().__call__(x, pos) else ""
+
+
+def _concurrency_axis(ax, steps):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([s["concurrency"] for s in steps])
+    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("concurrency (streams)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def throughput_figure(report, previous=None):
+    """The throughput plot (a matplotlib figure; the caller closes it)."""
     steps = report["steps"]
     sat = report["saturation"]
-    out = {}
-    meta = {"Software": None}
-
-    def xaxis(ax):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.set_xticks([s["concurrency"] for s in steps])
-        ax.set_xlabel("concurrency (streams)")
-        ax.grid(True, which="major", alpha=0.3)
-
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
     for key, label, color in (("output_throughput", "output tok/s", "tab:blue"),
                               ("total_token_throughput", "total tok/s", "tab:green")):
@@ -309,17 +340,18 @@ def render_plots(report, previous=None):
     if sat.get("knee_concurrency"):
         ax.axvline(sat["knee_concurrency"], color="tab:orange", linestyle=":",
                    label=f"knee (C={sat['knee_concurrency']})")
-    xaxis(ax)
+    _concurrency_axis(ax, steps)
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
     ax.set_title(f"Throughput: {report['run']['model']} on {report['run']['host']}")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata=meta)
-    plt.close(fig)
-    out["throughput.png"] = buf.getvalue()
+    return fig
 
+
+def latency_figure(report):
+    """The latency percentiles plot, log scales with plain tick labels (the caller closes it)."""
+    steps = report["steps"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), dpi=100)
     for ax, key, title in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms"), ("TTFT", "TPOT", "E2E latency")):
         for stat, style in (("median", "-o"), ("p90", "--s"), ("p99", ":^")):
@@ -330,17 +362,29 @@ def render_plots(report, previous=None):
         if bad:
             ax.scatter([s["concurrency"] for s in bad], [s[key]["median"] for s in bad], facecolors="none",
                        edgecolors="red", s=90, zorder=4, label="invalid step")
-        xaxis(ax)
+        _concurrency_axis(ax, steps)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(PlainLogFormatter(labelOnlyBase=False))
+        ax.yaxis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
         ax.set_ylabel("ms")
         ax.set_title(title)
         ax.legend(fontsize="small")
     fig.suptitle(f"Latency percentiles: {report['run']['model']} on {report['run']['host']}")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata=meta)
-    plt.close(fig)
-    out["latency.png"] = buf.getvalue()
+    return fig
+
+
+def render_plots(report, previous=None):
+    """{file name: PNG bytes}; raises RuntimeError when matplotlib is missing."""
+    if plt is None:
+        raise RuntimeError("matplotlib is not installed on the controller (pip install -r requirements.txt)")
+    out = {}
+    meta = {"Software": None}
+    for name, fig in (("throughput.png", throughput_figure(report, previous)), ("latency.png", latency_figure(report))):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata=meta)
+        plt.close(fig)
+        out[name] = buf.getvalue()
     return out
 
 

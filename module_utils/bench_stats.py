@@ -68,6 +68,24 @@ DEFAULT_CHECKS = {
     "min_requests_per_user": 3,
 }
 
+
+def littles_law_window(tolerance, e2el_s=None):
+    """The shortest measured window in which Little's law can be checked within ±tolerance.
+
+    A closed loop of C users whose requests last E completes floor(W/E) or ceil(W/E) requests per
+    user in a window W, so throughput × E is off C by up to E/W: the check can only hold when
+    W ≥ E / tolerance. A window of n requests sent per user lasts more than (n − 1) × E, so
+    n ≥ ceil(1 / tolerance) + 1 requests per user guarantee it. Returns {"requests_per_user": n,
+    "e2el_multiple": 1 / tolerance, "seconds": E / tolerance (None without e2el_s)}: the pre-run
+    check of the ladder (bench_ladder.window_warnings) and the littles_law flag both use it.
+    """
+    if tolerance is None or not tolerance > 0:
+        raise ValueError(f"littles_law_tolerance must be above 0; got {tolerance!r}")
+    multiple = 1.0 / tolerance
+    return {"requests_per_user": int(math.ceil(multiple - 1e-9)) + 1, "e2el_multiple": multiple,
+            "seconds": (e2el_s * multiple) if e2el_s else None}
+
+
 INVALIDATING = {"client_cpu_saturated", "client_lag", "concurrency_not_reached",
                 "client_concurrency_low", "littles_law", "ramp_incomplete", "no_completed_requests"}
 
@@ -433,8 +451,17 @@ def step_flags(m, c, chk, no_usage=0):
             f"average, not {c}")
     lit = m["littles_law"]
     if lit is not None and abs(lit["ratio"] - 1.0) > chk["littles_law_tolerance"]:
-        add("littles_law", f"Little's law: throughput × mean E2EL = {lit['concurrency']:.1f}, "
-            f"not the offered {c} (±{chk['littles_law_tolerance']:.0%})")
+        message = (f"Little's law: throughput × mean E2EL = {lit['concurrency']:.1f}, "
+                   f"not the offered {c} (±{chk['littles_law_tolerance']:.0%})")
+        per_user = m["requests"]["measured"] / c if c else None
+        need = littles_law_window(chk["littles_law_tolerance"], (m["e2el_ms"]["mean"] or 0) / 1000.0)
+        if per_user is not None and per_user < need["requests_per_user"]:
+            message += (f"; the window held {per_user:.1f} requests per user, too few to tell: the check "
+                        f"needs at least {need['requests_per_user']} (a window of {need['e2el_multiple']:g} × "
+                        f"the mean E2EL, {need['seconds']:.1f} s here) - raise benchmark_min_requests_per_user "
+                        f"to {need['requests_per_user']} (and benchmark_measure_max_s to at least "
+                        f"{math.ceil(need['requests_per_user'] * (m['e2el_ms']['mean'] or 0) / 1000.0)} s)")
+        add("littles_law", message)
     ramp = m.get("ramp")
     if ramp and ramp.get("users_reached") is not None and ramp["users_reached"] < c:
         add("ramp_incomplete", f"only {ramp['users_reached']} of {c} users were started")
@@ -493,11 +520,19 @@ def find_knee(points, fraction=0.9, min_efficiency=0.5):
             "peak_concurrency": peak_c, "saturated": True, "efficiency": eff, "reason": reason}
 
 
+def _count_range(values):
+    """{n, min, max, mean} of token counts, or None without any."""
+    if not values:
+        return None
+    return {"n": len(values), "min": min(values), "max": max(values), "mean": math.fsum(values) / len(values)}
+
+
 def token_accounting(raw):
     """Client-side usage totals over every request of the run against the server's counters
     (vllm:generation_tokens_total / prompt_tokens_total, first to last /metrics sample)."""
     comp = prompt = 0
     missing = 0
+    per_output, per_prompt = [], []
     for recs in raw["workers"].values():
         for r in recs:
             if r.get("k") != "req":
@@ -506,11 +541,20 @@ def token_accounting(raw):
             if u:
                 comp += u[1] or 0
                 prompt += u[0] or 0
+                if request_success(r):
+                    if u[1] is not None:
+                        per_output.append(int(u[1]))
+                    if u[0] is not None:
+                        per_prompt.append(int(u[0]))
             elif r.get("c"):
                 missing += 1
     samples = [s for s in raw["master"] if s.get("k") == "srv" and s.get("ok") and "gen" in s]
     out = {"client_completion_tokens": comp, "client_prompt_tokens": prompt,
-           "requests_without_usage": missing, "server_generation_tokens": None,
+           "requests_without_usage": missing,
+           # what usage said per completed request (the settings say what was asked for)
+           "output_tokens_per_request": _count_range(per_output),
+           "prompt_tokens_per_request": _count_range(per_prompt),
+           "server_generation_tokens": None,
            "server_prompt_tokens": None, "match": None}
     if len(samples) >= 2:
         first, last = samples[0], samples[-1]

@@ -25,15 +25,23 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import tempfile
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
+    StoreError,
+    validate_repo_id,
+)
 
 SCHEMA = 1
 DEPLOYMENT_KEYS = ("model", "repo_id", "commit", "path", "served_model_name", "unit",
                    "unit_checksum", "env_checksum", "vllm_version", "args", "host", "port")
 REQUIRED_KEYS = ("model", "path", "served_model_name", "unit")
 OWN_KEYS = DEPLOYMENT_KEYS + ("when", "previous", "schema")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\Z")   # systemd's unit name characters
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 class RecordError(Exception):
@@ -52,6 +60,28 @@ def normalize(deployment) -> dict:
     if missing:
         raise RecordError("the deployment lacks %s" % ", ".join(missing))
     out = {k: deployment.get(k) for k in DEPLOYMENT_KEYS}
+    for key in ("model", "served_model_name", "unit", "repo_id", "commit", "path", "host",
+                "vllm_version"):
+        value = out[key]
+        if value is not None and not isinstance(value, str):
+            raise RecordError("deployment %s must be a string, got %r" % (key, value))
+        if value and (_CONTROL_RE.search(value) or value != value.strip()):
+            raise RecordError("deployment %s %r holds a control character or surrounding blanks; "
+                              "pass the plain name" % (key, value))
+    if not os.path.isabs(out["path"]):
+        raise RecordError("deployment path %r is not an absolute path; pass the model folder the unit "
+                          "serves" % out["path"])
+    if not _UNIT_RE.match(out["unit"]):
+        raise RecordError("deployment unit %r is not a systemd unit name (letters, digits, ':', '_', "
+                          "'.', '@', '-', '\\'), e.g. 'vllm.service'" % out["unit"])
+    if out["commit"] and not _COMMIT_RE.match(out["commit"]):
+        raise RecordError("deployment commit %r is not a 40-hex commit hash; pass the resolved commit "
+                          "(or leave it empty for a plain model folder)" % out["commit"])
+    if out["repo_id"]:
+        try:
+            validate_repo_id(out["repo_id"])
+        except StoreError as exc:
+            raise RecordError("deployment %s" % exc)
     if out["args"] is not None:
         if not isinstance(out["args"], list):
             raise RecordError("deployment args must be the ExecStart argv as a list")
@@ -61,7 +91,49 @@ def normalize(deployment) -> dict:
             out["port"] = int(out["port"])
         except (TypeError, ValueError):
             raise RecordError("deployment port must be an integer, got %r" % (out["port"],))
+        if not 1 <= out["port"] <= 65535:
+            raise RecordError("deployment port %d is not a TCP port (1-65535)" % out["port"])
     return out
+
+
+def options_problem(mode: str, saved_files, saved_dir) -> str:
+    """Why the deployment_record module's options are unusable (naming the option), or ''."""
+    for option, value in [("mode", mode)] + [("saved_files %s mode" % f["name"], f["mode"])
+                                              for f in saved_files]:
+        try:
+            bits = int(value, 8)
+        except (TypeError, ValueError):
+            return "%s %r is not an octal permission like '0644'" % (option, value)
+        if bits & ~0o7777 or bits & 0o022:
+            return ("%s %r lets other users rewrite the file (what model_purge protects and what a "
+                    "rollback restores depend on it); use '0644' or stricter" % (option, value))
+    if saved_files and not saved_dir:
+        return "saved_files needs saved_dir (where to keep them)"
+    seen = set()
+    for f in saved_files:
+        name = f["name"]
+        if "/" in name or name in ("", ".", "..") or _CONTROL_RE.search(name):
+            return "saved_files name %r is not a plain file name (no '/', not '.' or '..')" % name
+        if name in seen:
+            return "saved_files name %r is listed twice; names must be unique" % name
+        seen.add(name)
+    return ""
+
+
+def facts_options_problem(unit: str, replaces, port, repo_id) -> str:
+    """Why vllm_service_facts' options are unusable (naming the option and the fix), or ''."""
+    for option, name in [("unit", unit)] + [("replaces", n) for n in replaces]:
+        if name and not _UNIT_RE.match(name):
+            return ("%s %r is not a systemd unit name (letters, digits, ':', '_', '.', '@', '-', '\\'), "
+                    "e.g. 'vllm.service'" % (option, name))
+    if port is not None and not 1 <= port <= 65535:
+        return "port %d is not a TCP port (1-65535)" % port
+    if repo_id is not None:
+        try:
+            validate_repo_id(repo_id)
+        except StoreError as exc:
+            return "model.%s" % exc
+    return ""
 
 
 def current(record):

@@ -314,7 +314,7 @@ def resolve_item(store, text: str, models=None) -> Item:
         return Item("repo", folder=folder, path=repo.path)
     commit = repo.commit_for(revision)
     if not commit:
-        if not COMMIT_RE.match(revision) and not re.match(r"^[\w.\-/]+$", revision):
+        if not COMMIT_RE.match(revision) and not re.match(r"^[\w.\-/]+\Z", revision):
             raise PlanError("item %r: revision %r is neither a commit hash nor a ref name" % (text, revision))
         raise NotInStore("%r is not in the model store (revision %s of %s is not cached)" % (
             text, revision, repo_id))

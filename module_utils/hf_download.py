@@ -37,6 +37,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
 from ansible_collections.modelswap.vllm.plugins.module_utils.disk_planning import filter_paths
 from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
     COMMIT_RE,
@@ -261,12 +262,14 @@ class CacheLayout:
 
     def __init__(self, cache_dir: str, repo_id: str):
         self.root = cache_dir
+        self.repo_id = repo_id
         self.folder = repo_folder_name(repo_id)
         self.repo_path = os.path.join(cache_dir, self.folder)
         self.meta_root = self.repo_path
         self.tree_roots = (self.repo_path,)
         self.lock_dir = os.path.join(cache_dir, ".locks", self.folder)
         self.lock_path = os.path.join(self.lock_dir, REPO_LOCK_NAME)
+        self.kept = []
 
     def snapshot(self, commit: str) -> str:
         return os.path.join(self.repo_path, "snapshots", commit)
@@ -298,20 +301,75 @@ class CacheLayout:
         return ""
 
     def remove(self, commit: str, path: str, entry: dict) -> list:
-        """Delete a bad file: its snapshot link and the blob it leads to (within this repo)."""
+        """Delete a bad file: its snapshot link and the blob it leads to (within this repo).
+
+        A blob that another snapshot link leads to, or that another commit's verified manifest
+        lists, is kept (``self.kept``): a wrong ETag can name a good blob of a served revision, or
+        a file can share its content. Nothing outside the repository folder is ever unlinked.
+        """
         removed = []
         pointer = self.locate(commit, path)
         blobs_dir = os.path.join(self.repo_path, "blobs") + os.sep
         targets = [self.blob(entry)]
         if os.path.islink(pointer):
             target = os.path.normpath(os.path.join(os.path.dirname(pointer), os.readlink(pointer)))
-            if target.startswith(blobs_dir):
+            if target.startswith(blobs_dir) and target not in targets:
                 targets.append(target)
         for p in [pointer] + targets:
+            confine(p, self.repo_path, self.repo_id)
+        if os.path.lexists(pointer):
+            os.unlink(pointer)
+            removed.append(pointer)
+        users = self.blob_users(commit)
+        for p in targets:
+            name = os.path.basename(p)
+            if name in users:
+                self.kept.append({"blob": name, "because": users[name]})
+                continue
             if os.path.lexists(p):
                 os.unlink(p)
                 removed.append(p)
         return removed
+
+    def blob_users(self, commit: str) -> dict:
+        """{blob name: why it must stay}: blobs that snapshot links lead to, and blobs that the
+        verified manifests of other commits list (their links may be gone, their record is not)."""
+        users = {}
+        blobs_dir = os.path.join(self.repo_path, "blobs")
+        snapshots = os.path.join(self.repo_path, "snapshots")
+        for dirpath, dirs, files in os.walk(snapshots):
+            for name in files + dirs:
+                link = os.path.join(dirpath, name)
+                if not os.path.islink(link):
+                    continue
+                try:
+                    target = os.path.normpath(os.path.join(dirpath, os.readlink(link)))
+                except OSError:
+                    continue
+                if os.path.dirname(target) == blobs_dir:
+                    rel = os.path.relpath(link, snapshots).split(os.sep, 1)
+                    users.setdefault(os.path.basename(target), "snapshot %s links to it (%s)"
+                                     % (rel[0][:12], rel[-1].replace(os.sep, "/")))
+        directory = os.path.join(self.meta_root, "modelswap")
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            names = []
+        for name in names:
+            other = name[:-5]
+            if not name.endswith(".json") or other == commit or not COMMIT_RE.match(other):
+                continue
+            manifest = mf.read_manifest(os.path.join(directory, name), self.repo_id, other)
+            if manifest is None:
+                continue
+            listing = manifest["listing"]
+            for fpath in manifest["files"]:
+                info = listing.get(fpath)
+                if isinstance(info, dict):
+                    blob = info.get("lfs_sha256") or info.get("blob_id")
+                    if isinstance(blob, str):
+                        users.setdefault(blob, "the verified manifest of %s lists it (%s)" % (other[:12], fpath))
+        return users
 
     def read_ref(self, revision: str):
         try:
@@ -335,6 +393,8 @@ class LocalDirLayout:
 
     def __init__(self, local_dir: str, repo_id: str):
         self.root = local_dir
+        self.repo_id = repo_id
+        self.kept = []
         self.meta_root = os.path.join(local_dir, ".cache", "huggingface")
         self.tree_roots = (self.meta_root,)
         self.lock_dir = os.path.join(self.meta_root, "download")
@@ -362,8 +422,12 @@ class LocalDirLayout:
         return os.path.join(self.lock_dir, *path.split("/")) + ".metadata"
 
     def remove(self, commit: str, path: str, entry: dict) -> list:
+        """Delete a bad file and huggingface_hub's metadata of it (never outside the local_dir)."""
         removed = []
-        for p in (self.locate(commit, path), self.metadata(path)):
+        targets = (self.locate(commit, path), self.metadata(path))
+        for p in targets:
+            confine(p, self.root, self.repo_id)
+        for p in targets:
             if os.path.lexists(p):
                 os.unlink(p)
                 removed.append(p)
@@ -388,6 +452,15 @@ class LocalDirLayout:
                     if len(extra) >= limit:
                         return extra
         return extra
+
+
+def confine(path: str, folder: str, repo_id: str) -> None:
+    """FetchError unless ``path`` lies inside ``folder`` (resolved): the check before every unlink."""
+    if not ht.inside(path, folder):
+        raise FetchError(
+            "refusing to delete %s while cleaning a bad file of %s: it resolves outside %s (%s); "
+            "nothing there was deleted; check for symlinks in that folder that lead elsewhere"
+            % (path, repo_id, folder, os.path.realpath(path)), "unsafe_path")
 
 
 def available_bytes(path: str) -> int:
@@ -597,7 +670,7 @@ DEFAULTS = dict(
     revision="main", cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
     use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
-    progress=None,
+    progress=None, http_endpoint_trusted=False,
 )
 
 
@@ -675,6 +748,11 @@ class SnapshotJob:
         if not self.revision.strip() or ".." in self.revision.split("/") or self.revision.startswith("/"):
             raise FetchError("revision %r is malformed; use a commit hash, a branch or a tag" % self.revision,
                              "bad_revision")
+        endpoint = self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+        problem = ht.token_endpoint_problem(endpoint, bool(self.token) and not self.o["offline"],
+                                            bool(self.o["http_endpoint_trusted"]))
+        if problem:
+            raise FetchError("refusing to fetch %s: %s" % (self.repo_id, problem), "insecure_endpoint")
         # resolved as huggingface_hub resolves them, so paths and locks agree with the library's
         if self.o["local_dir"]:
             self.layout = LocalDirLayout(os.path.realpath(os.path.expanduser(self.o["local_dir"])), self.repo_id)
@@ -722,6 +800,8 @@ class SnapshotJob:
         except OSError:
             return None
         for name in names:
+            if not (name.endswith(".json") and COMMIT_RE.match(name[:-5])):
+                continue
             data = mf.read_manifest(os.path.join(directory, name), self.repo_id, name[:-5])
             if data and data.get("revision") == revision:
                 if best is None or data.get("verified_at", "") > best.get("verified_at", ""):
@@ -733,15 +813,22 @@ class SnapshotJob:
         self.manifest = mf.read_manifest(self.manifest_file, self.repo_id, self.commit)
 
     def load_listing(self) -> dict:
-        """The commit's files: from the manifest, huggingface_hub's tree cache, or the Hub."""
+        """The commit's files: from the manifest, huggingface_hub's tree cache, or the Hub.
+
+        The one place where a file list enters the job: every path and blob id in it is checked
+        (hub_trust) before anything uses it to build a path, and a bad one stops the run here,
+        before anything is written or deleted.
+        """
         if self.manifest is not None:
-            self.listing, self.listing_source = self.manifest["listing"], "manifest"
-            return self.listing
+            return self._trusted(self.manifest["listing"], "manifest",
+                                 "the manifest %s" % self.manifest_file,
+                                 "remove that manifest and run again (the files are verified again)")
         for root in self.layout.tree_roots:
             tree = mf.read_tree(root, self.commit)
             if tree is not None:
-                self.listing, self.listing_source = tree, "tree_cache"
-                return tree
+                where = mf.tree_path(root, self.commit)
+                return self._trusted(tree, "tree_cache", "huggingface_hub's tree cache %s" % where,
+                                     "remove that file (it was tampered with or damaged) and run again")
         if self.o["offline"]:
             raise FetchError(
                 "offline: no manifest and no cached file list of %s@%s under %s; run once with network "
@@ -751,8 +838,23 @@ class SnapshotJob:
         files = self._retrying(
             lambda: list(self.api.list_repo_tree(self.repo_id, revision=self.commit, recursive=True)),
             "listing the files of %s@%s" % (self.repo_id, self.commit[:12]))
-        self.listing, self.listing_source = listing_from_hub(files, self.hf), "hub"
-        return self.listing
+        try:
+            listing = listing_from_hub(files, self.hf)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise FetchError("the file list of %s@%s from %s is malformed (%s); nothing was written or "
+                             "deleted; check the endpoint" % (self.repo_id, self.commit[:12], self.where, exc),
+                             "bad_listing")
+        return self._trusted(listing, "hub", "the file list %s served" % self.where,
+                             "a real Hub never lists such a file: check the endpoint (a broken or malicious "
+                             "mirror, or a man in the middle on a plain http:// endpoint)")
+
+    def _trusted(self, listing, source: str, what: str, fix: str) -> dict:
+        try:
+            ht.check_listing(listing, "%s for %s@%s" % (what, self.repo_id, self.commit[:12]), fix)
+        except ht.ListingError as exc:
+            raise FetchError(str(exc), "bad_listing")
+        self.listing, self.listing_source = listing, source
+        return listing
 
     def plan(self) -> dict:
         """What a run would do: {"noop", "fetch": [paths], "verify": [paths], "bytes_to_fetch", ...}."""
@@ -845,6 +947,7 @@ class SnapshotJob:
     def _execute_locked(self, plan: dict) -> dict:
         layout = self.layout
         out = {"orphans_removed": [], "orphans_busy": [], "files_downloaded": 0, "bytes_downloaded": 0,
+               "bytes_received": 0, "kept_blobs": layout.kept,
                "refetched": [], "verified": {}, "verify_failures": [], "verified_bytes": 0,
                "hashed_bytes": 0, "verify_seconds": 0.0, "download_seconds": 0.0}
         # another run may have finished while we waited for the lock
@@ -1013,6 +1116,7 @@ class SnapshotJob:
         if self.progress is not None:
             out["bytes_downloaded"] = self.progress.data.get("bytes_transferred") or \
                 self.progress.data.get("bytes_done", 0)
+            out["bytes_received"] = self.progress.data.get("bytes_received", 0)
         out["download_seconds"] = (last_fetch - first_fetch) if first_fetch and last_fetch else 0.0
         out["verify_seconds"] = (last_verify - first_verify) if first_verify and last_verify else 0.0
         out["pipeline_seconds"] = time.monotonic() - started

@@ -104,13 +104,14 @@ class Progress:
         self._wall = wall
         self._lock = threading.Lock()
         self._samples = collections.deque()
+        self._received = {}
         self._stop = threading.Event()
         self._thread = None
         self.started = clock()
         self.data = {
             "id": run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
             "state": "starting", "repo_id": None, "revision": None, "commit": None,
-            "bytes_total": 0, "bytes_done": 0, "bytes_transferred": 0,
+            "bytes_total": 0, "bytes_done": 0, "bytes_transferred": 0, "bytes_received": 0,
             "files_total": 0, "files_done": 0, "verified_files": 0, "verified_bytes": 0,
             "started_at": wall(), "error": None,
         }
@@ -136,6 +137,19 @@ class Progress:
     def add_transfer(self, n: int) -> None:
         with self._lock:
             self.data["bytes_transferred"] = max(0, self.data["bytes_transferred"] + n)
+
+    def add_received(self, n: int, kind: str) -> None:
+        """Bytes that arrived over the network (never rolled back when a transfer restarts).
+
+        ``kind`` is ``data`` (a bar's content updates) or ``transfer`` (its transfer updates, which
+        huggingface_hub sends alongside, and which for xet count the bytes on the wire).
+        """
+        if n > 0:
+            with self._lock:
+                key = "_received_" + kind
+                self._received[key] = self._received.get(key, 0) + n
+                self.data["bytes_received"] = self._received.get("_received_transfer") or \
+                    self._received.get("_received_data", 0)
 
     def snapshot(self) -> dict:
         now = self._clock()
@@ -218,9 +232,11 @@ class Progress:
                 n = int(n or 0)
                 self.n += n
                 progress.add_bytes(n)
+                progress.add_received(n, "data")
 
             def update_transfer(self, n=1):
                 progress.add_transfer(int(n or 0))
+                progress.add_received(int(n or 0), "transfer")
 
             def set_postfix_str(self, *args, **kwargs):
                 pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import threading
 from collections import Counter, defaultdict
@@ -27,11 +28,12 @@ from dataclasses import dataclass, field
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 FOLDER_PREFIX = {v: k for k, v in REPO_TYPES.items()}
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-XET_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+# \Z, not $: "$" also matches before a trailing newline ("org/name\n" would pass)
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+XET_HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 # huggingface_hub's REPO_ID_REGEX plus its extra rules (no "--" or "..", no ".git" suffix).
 _REPO_NAME = r"(?!-)(?!\.)[A-Za-z0-9_.\-]{1,96}(?<!-)(?<!\.)"
-REPO_ID_RE = re.compile(r"^(?:%s/)?%s$" % (_REPO_NAME, _REPO_NAME))
+REPO_ID_RE = re.compile(r"^(?:%s/)?%s\Z" % (_REPO_NAME, _REPO_NAME))
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 SHARED_STORE_MARKER = ".huggingface-shared-blobs"
 
@@ -145,6 +147,8 @@ class CacheRepo:
     refs: dict = field(default_factory=dict)        # ref name -> commit
     orphans: list = field(default_factory=list)
     problems: list = field(default_factory=list)    # why huggingface_hub would call it corrupted
+    # commit -> its metadata entries: (path, (st_dev, st_ino), is_dir)
+    meta: dict = field(default_factory=lambda: defaultdict(list))
     # inode occurrences by partition: ("snap", c) ("ref", r) ("blob", n) ("meta", c) ("orphan", p)
     # ("rest",) ("locks",)
     parts: dict = field(default_factory=lambda: defaultdict(list))
@@ -429,6 +433,9 @@ def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
                     commit = t.name[:-5] if entry.name != ".no_exist" and t.name.endswith(".json") else t.name
                     bucket = repo.parts[("meta", commit)] if COMMIT_RE.match(commit) else rest
                     _record(store, tst, bucket)
+                    if bucket is not rest:
+                        repo.meta[commit].append((t.path, (tst.st_dev, tst.st_ino),
+                                                  stat.S_ISDIR(tst.st_mode)))
                     if stat.S_ISDIR(tst.st_mode):
                         _walk_all(store, t.path, bucket)
         else:
@@ -541,6 +548,9 @@ class Effect:
     removes_repo: bool = False
     revisions: tuple = ()
     blobs: frozenset = frozenset()   # repo blob names this step deletes
+    # apparent bytes of the blobs it deletes, counted as huggingface_hub's
+    # DeleteCacheStrategy.expected_freed_size counts them (a shared payload when its last link goes)
+    expected: int = 0
 
 
 class DeletionSimulator:
@@ -555,6 +565,7 @@ class DeletionSimulator:
         self.gone_repos = set()
         self.gone_dirs = set()
         self.shared_links_gone = defaultdict(set)
+        self.payloads_gone = set()
 
     def _drop(self, parts_owner: dict, owner: str, part) -> list:
         if part in self.gone_parts[owner]:
@@ -565,6 +576,7 @@ class DeletionSimulator:
     def _account(self, keys: list, shared_links: list) -> Effect:
         inodes = self.store.inodes
         newly = []
+        payloads = 0
         for key in keys:
             self.removed[key] += 1
             if key not in self.freed and self.removed[key] >= inodes[key][1]:
@@ -576,12 +588,15 @@ class DeletionSimulator:
                 continue
             self.shared_links_gone[payload].add((folder, name))
             if sp.links <= self.shared_links_gone[payload]:
+                if payload not in self.payloads_gone:
+                    self.payloads_gone.add(payload)
+                    payloads += sp.size
                 for key in sp.keys:
                     if key not in self.freed:
                         self.freed.add(key)
                         newly.append(key)
         return Effect(bytes=sum(inodes[k][0] for k in newly),
-                      size=sum(inodes[k][2] for k in newly if inodes[k][3]))
+                      size=sum(inodes[k][2] for k in newly if inodes[k][3]), expected=payloads)
 
     def is_gone(self, item: Item) -> bool:
         if item.kind == "repo":
@@ -648,6 +663,8 @@ class DeletionSimulator:
         effect.removes_repo = whole
         effect.revisions = tuple(sorted(doomed))
         effect.blobs = frozenset(blobs)
+        effect.expected += sum(repo.blobs[n].size for n in blobs
+                               if n in repo.blobs and not repo.blobs[n].shared)
         return effect
 
 
@@ -680,3 +697,207 @@ def listing(store: Store, removed=()) -> list:
             d = store.dirs[name]
             lines.append("dir %s size=%s" % (d.path, human_bytes(d.size)))
     return lines
+
+
+# --------------------------------------------------------------------------------------------
+# the delete plan: exactly the paths a purge unlinks, checked again right before it does
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Unlink:
+    """One path a purge deletes, as the scan saw it."""
+    kind: str        # repo | snapshot | ref | blob | meta (a file) | meta_dir | dir (plain model)
+    path: str
+    key: tuple       # (st_dev, st_ino) when planned
+    link: str = ""   # a blob entry that links into the shared store: the payload it links to
+
+
+@dataclass
+class PurgeStep:
+    """What one purge step deletes: a whole repo, revisions of one repo, or a plain directory."""
+    label: str            # what 'done' reports: org/name, org/name@c1,c2, or the directory
+    folder: str           # the repo folder; '' for a plain directory
+    whole: bool           # the whole folder goes (a repo or a plain directory)
+    uses_hf: bool         # deleted through huggingface_hub's strategy (a healthy repo)
+    unlinks: list         # Unlink, in deletion order: snapshots, refs, blobs, then metadata
+    expected: int = 0     # Effect.expected
+
+    def paths(self, kind: str) -> list:
+        return [u.path for u in self.unlinks if u.kind == kind]
+
+
+def _first_key(parts: dict, part) -> tuple:
+    keys = parts.get(part)
+    return keys[0] if keys else ()
+
+
+def delete_plan(store: Store, repo_steps, dir_names=()) -> list:
+    """The delete plan, from the scan alone: ``repo_steps`` is [(folder, effect)] with the
+    DeletionSimulator's effect of each step, ``dir_names`` the plain directories to delete.
+
+    A step that removes its repo deletes the repo folder; a revision step deletes the revisions'
+    snapshot folders, their refs, the blob entries ``effect.blobs`` names (those no remaining
+    revision links), and their metadata (``trees/<commit>.json``, ``modelswap/<commit>.json``,
+    ``.no_exist/<commit>``). Nothing is derived from where a link points at delete time.
+    """
+    steps = []
+    for folder, effect in repo_steps:
+        repo = store.repos[folder]
+        ident = Item("repo", folder).ident
+        uses_hf = not repo.problems and bool(repo.revisions)
+        if effect.removes_repo:
+            steps.append(PurgeStep(ident, folder, True, uses_hf,
+                                   [Unlink("repo", repo.path, _first_key(repo.parts, ("rest",)))],
+                                   effect.expected))
+            continue
+        unlinks = []
+        for commit in effect.revisions:
+            rev = repo.revisions[commit]
+            unlinks.append(Unlink("snapshot", rev.path, _first_key(repo.parts, ("snap", commit))))
+        for commit in effect.revisions:
+            for ref in sorted(repo.revisions[commit].refs):
+                unlinks.append(Unlink("ref", os.path.join(repo.path, "refs", *ref.split("/")),
+                                      _first_key(repo.parts, ("ref", ref))))
+        for name in sorted(effect.blobs):
+            blob = repo.blobs.get(name)
+            unlinks.append(Unlink("blob", os.path.join(repo.path, "blobs", name),
+                                  _first_key(repo.parts, ("blob", name)),
+                                  blob.shared if blob is not None else ""))
+        for commit in effect.revisions:
+            for path, key, is_dir in sorted(repo.meta.get(commit, ())):
+                unlinks.append(Unlink("meta_dir" if is_dir else "meta", path, key))
+        steps.append(PurgeStep("%s@%s" % (ident, ",".join(effect.revisions)), folder, False,
+                               uses_hf, unlinks, effect.expected))
+    for name in dir_names:
+        d = store.dirs[name]
+        steps.append(PurgeStep(d.path, "", True, False,
+                               [Unlink("dir", d.path, _first_key(d.parts, ("rest",)))]))
+    return steps
+
+
+_KIND_WORDS = {"repo": "repo folder", "snapshot": "snapshot folder", "ref": "ref", "blob": "blob",
+               "meta": "metadata file", "meta_dir": "metadata folder", "dir": "model directory"}
+
+
+def unlink_problem(u: Unlink) -> str:
+    """Why deleting ``u`` now would not delete what was planned, or ''.
+
+    The path must still sit where it was planned, reached through no symlink (its folder's real
+    path is its folder: every planned path is built on the store's real path), be the same inode
+    and of the planned type: a blob a regular file (or the planned link into the shared store),
+    a folder a real folder, a ref or metadata file a regular file.
+    """
+    what = "%s %s" % (_KIND_WORDS[u.kind], u.path)
+    parent = os.path.dirname(u.path)
+    real_parent = os.path.realpath(parent)
+    if real_parent != parent:
+        return "%s is now reached through a symlink (its folder resolves to %s)" % (what, real_parent)
+    try:
+        st = os.lstat(u.path)
+    except FileNotFoundError:
+        return "%s is gone" % what
+    except OSError as exc:
+        return "%s cannot be read (%s)" % (what, exc.strerror)
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        target = os.readlink(u.path)
+        resolved = os.path.normpath(os.path.join(parent, target))
+        if not (u.kind == "blob" and u.link and resolved == u.link):
+            return "%s is now a symlink to %s" % (what, target)
+    elif u.kind in ("repo", "snapshot", "meta_dir", "dir"):
+        if not stat.S_ISDIR(mode):
+            return "%s is no longer a folder" % what
+    elif not stat.S_ISREG(mode):
+        return "%s is no longer a regular file" % what
+    elif u.kind == "blob" and u.link:
+        return "%s no longer links into the shared store" % what
+    if u.key and (st.st_dev, st.st_ino) != tuple(u.key):
+        return "%s was replaced by another file" % what
+    return ""
+
+
+def repo_state(repo: CacheRepo) -> dict:
+    """What a purge of ``repo`` relies on: revisions and where their links point, refs, blob
+    entries (inode and shared payload), metadata entries, problems."""
+    return {
+        "revisions": {c: (frozenset(r.blobs), tuple(sorted(r.foreign_links)),
+                          tuple(sorted(r.broken_links))) for c, r in repo.revisions.items()},
+        "refs": dict(repo.refs),
+        "blobs": {n: (_first_key(repo.parts, ("blob", n)), b.shared) for n, b in repo.blobs.items()},
+        "meta": {c: sorted((p, k) for p, k, _ in entries) for c, entries in repo.meta.items()},
+        "problems": sorted(repo.problems),
+    }
+
+
+def state_changes(label: str, before: dict, after: dict) -> list:
+    """What differs between two repo_state()s, one sentence each."""
+    out = []
+    b_revs, a_revs = before["revisions"], after["revisions"]
+    for commit in sorted(set(b_revs) - set(a_revs)):
+        out.append("%s: revision %s is gone" % (label, commit))
+    for commit in sorted(set(a_revs) - set(b_revs)):
+        out.append("%s: revision %s appeared" % (label, commit))
+    for commit in sorted(set(a_revs) & set(b_revs)):
+        (b_blobs, b_foreign, b_broken), (a_blobs, a_foreign, a_broken) = b_revs[commit], a_revs[commit]
+        for link in a_foreign:
+            if link not in b_foreign:
+                out.append("%s: revision %s has a link that now leaves the repo's blobs: %s"
+                           % (label, commit, link))
+        for path in a_broken:
+            if path not in b_broken:
+                out.append("%s: revision %s has a link that is now broken: %s" % (label, commit, path))
+        if a_blobs != b_blobs and not (set(a_foreign) - set(b_foreign) or set(a_broken) - set(b_broken)):
+            out.append("%s: revision %s now links other blobs (%s instead of %s)" % (
+                label, commit, ", ".join(sorted(a_blobs - b_blobs)) or "fewer",
+                ", ".join(sorted(b_blobs - a_blobs)) or "the same and more"))
+    if before["refs"] != after["refs"]:
+        out.append("%s: refs changed (%s)" % (label, ", ".join(
+            "%s: %s -> %s" % (r, before["refs"].get(r, "none"), after["refs"].get(r, "none"))
+            for r in sorted(set(before["refs"]) | set(after["refs"]))
+            if before["refs"].get(r) != after["refs"].get(r))))
+    b_blobs, a_blobs = before["blobs"], after["blobs"]
+    for name in sorted(set(b_blobs) | set(a_blobs)):
+        if name not in a_blobs:
+            out.append("%s: blob %s is gone" % (label, name))
+        elif name not in b_blobs:
+            out.append("%s: blob %s appeared" % (label, name))
+        elif a_blobs[name] != b_blobs[name]:
+            out.append("%s: blob %s was replaced" % (label, name))
+    if before["meta"] != after["meta"]:
+        out.append("%s: revision metadata changed" % label)
+    for problem in after["problems"]:
+        if problem not in before["problems"]:
+            out.append("%s: %s" % (label, problem))
+    return out
+
+
+def plan_changes(store: Store, steps) -> list:
+    """Why ``steps`` (delete_plan()) no longer match the store on disk, one sentence each; empty
+    when every planned path is still what the scan saw. Each affected repo is scanned again and
+    compared with the first scan: a snapshot link retargeted, a blob replaced, a revision or ref
+    added since the plan all count (a remaining revision must not come to link a planned blob)."""
+    out = []
+    for step in steps:
+        for u in step.unlinks:
+            why = unlink_problem(u)
+            if why:
+                out.append(why)
+        if not step.folder:
+            continue
+        repo = store.repos[step.folder]
+        try:
+            fresh = scan_repo(Store(cache_dir=store.cache_dir), repo.path, step.folder)
+        except OSError as exc:
+            out.append("%s: cannot scan it again (%s)" % (repo.repo_id, exc))
+            continue
+        out.extend(state_changes(repo.repo_id, repo_state(repo), repo_state(fresh)))
+    seen = set()
+    return [x for x in out if not (x in seen or seen.add(x))]
+
+
+def remove_metadata(step: PurgeStep) -> None:
+    """Delete the metadata entries of ``step`` that huggingface_hub's strategy leaves behind."""
+    for u in step.unlinks:
+        if u.kind == "meta" and os.path.lexists(u.path):
+            os.unlink(u.path)
+        elif u.kind == "meta_dir" and os.path.isdir(u.path) and not os.path.islink(u.path):
+            shutil.rmtree(u.path)

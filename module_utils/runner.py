@@ -104,8 +104,13 @@ def run_playbook(playbook: str, inventory: str, extra_vars: dict | None = None, 
                  check: bool = False, diff: bool = False, limit: str | None = None,
                  tags: str | None = None, skip_tags: str | None = None,
                  envvars: dict | None = None, timeout: int | None = None,
-                 quiet: bool = True) -> RunResult:
-    """Run one of modelswap's playbooks (a name in playbooks/ or a path) with ansible-runner."""
+                 quiet: bool = True, cwd: str | None = None) -> RunResult:
+    """Run one of modelswap's playbooks (a name in playbooks/ or a path) with ansible-runner.
+
+    ansible-playbook runs in `cwd` (default: the caller's working directory), as it would from
+    the caller's shell: the roles' default results folder is results/ there
+    (modelswap_results_dir), not inside the collection.
+    """
     import ansible_runner  # controller-only dependency
 
     path = playbook if os.path.isabs(playbook) else os.path.join(ROOT, "playbooks", playbook)
@@ -126,8 +131,9 @@ def run_playbook(playbook: str, inventory: str, extra_vars: dict | None = None, 
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     private = tempfile.mkdtemp(prefix="modelswap-runner-")
     try:
+        # ansible-runner starts ansible-playbook in project_dir: the caller's directory, not ROOT
         run = ansible_runner.run(
-            private_data_dir=private, project_dir=ROOT, playbook=path,
+            private_data_dir=private, project_dir=os.path.abspath(cwd or os.getcwd()), playbook=path,
             inventory=os.path.abspath(inventory), extravars=extra_vars or {}, limit=limit,
             tags=tags, skip_tags=skip_tags, cmdline=cmdline or None, quiet=quiet,
             envvars=env, timeout=timeout)
@@ -159,8 +165,9 @@ def migrate(inventory: str, serve: str | None = None, extra_vars: dict | None = 
             **kwargs) -> dict:
     """Run the migration; returns each host's run record and where the records were written."""
     result = run_playbook("migrate.yml", inventory, _serve_vars(serve, extra_vars), **kwargs)
+    run_dir = result.custom_stats.get("modelswap_run_dir")
     return {"ok": result.ok, "records": result.custom_stats.get("modelswap_record", {}),
-            "run_dir": result.custom_stats.get("modelswap_run_dir"), "run": result.to_dict()}
+            "run_dir": os.path.normpath(run_dir) if run_dir else run_dir, "run": result.to_dict()}
 
 
 def status(inventory: str, **kwargs) -> dict:

@@ -58,6 +58,16 @@ def pattern_problem(pattern):
     return None
 
 
+def validate_dir(shm_dir):
+    """Raise ShmError unless ``shm_dir`` is an absolute path to an existing directory."""
+    if not os.path.isabs(shm_dir):
+        raise ShmError("shm_dir %r is not an absolute path. Fix: name the shared-memory directory "
+                       "itself, e.g. /dev/shm." % shm_dir)
+    if not os.path.isdir(shm_dir):
+        raise ShmError("shm_dir %s %s. Fix: point shm_dir at the shared-memory directory (/dev/shm)."
+                       % (shm_dir, "is not a directory" if os.path.exists(shm_dir) else "does not exist"))
+
+
 def validate_patterns(patterns):
     """Raise ShmError naming every unacceptable pattern in `patterns`."""
     bad = []

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest, hub_trust, model_store
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# \Z, not $: "$" also matches before a trailing newline, which would reach the unit's comment.
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 MODES = ("full", "size", "none")
 FIX = "fetch it first (playbooks/fetch.yml, role model_fetch)"
 
@@ -81,10 +81,12 @@ def check(name, repo_id, revision, *, record=None, cache_dir=None, path=None, mo
     "verified_at", "verify" and a "reason" when not verified."""
     if mode not in MODES:
         raise ValueError("mode must be one of %s" % ", ".join(MODES))
-    if not REPO_RE.match(repo_id or ""):
+    try:
+        model_store.validate_repo_id(repo_id)
+    except model_store.StoreError as exc:
         out = {"commit": None, "path": None, "manifest": None, "source": None}
         return dict(out, verified=False, files=0, bytes=0, verified_at=None, verify=None,
-                    reason="%r is not a repo id (org/name)" % (repo_id,))
+                    reason=str(exc))
     loc = locate(name, repo_id, revision, record, cache_dir, path)
     out = dict(loc, verified=False, files=0, bytes=0, verified_at=None, verify=None)
     if loc["reason"]:
@@ -108,6 +110,13 @@ def check(name, repo_id, revision, *, record=None, cache_dir=None, path=None, mo
                          % (name, repo_id, loc["commit"], where, loc["manifest"], FIX))
         return out
     listing = manifest.get("listing") or {}
+    unsafe = hub_trust.listing_problems(listing) + [
+        "path %r %s" % (p, hub_trust.path_problem(p)) for p in manifest["files"] if hub_trust.path_problem(p)]
+    if unsafe:
+        out["reason"] = ("the manifest %s has an unsafe entry (%s): it names files outside the snapshot or "
+                         "blobs that are not hashes, so it vouches for nothing; remove it and %s again"
+                         % (loc["manifest"], "; ".join(unsafe[:3]), FIX))
+        return out
     wanted = {p: listing.get(p) or {"size": -1, "blob_id": ""} for p in manifest["files"]}
     ok, stale = hf_manifest.covers(manifest, wanted, lambda p: os.path.join(where, p), mode)
     out.update(verify=manifest.get("verify"), verified_at=manifest.get("verified_at"),

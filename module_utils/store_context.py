@@ -49,9 +49,23 @@ def fs_info(path: str) -> dict:
     }
 
 
+def option_problem(params: dict) -> str:
+    """Why the options both modules share are unusable (names the option and the fix), or ''."""
+    if params.get("scan_workers") is not None and params["scan_workers"] < 1:
+        return "scan_workers must be 1 or more (threads that scan the cache), got %d" % params["scan_workers"]
+    for path in params.get("protect_paths") or ():
+        if not os.path.isabs(path):
+            return ("protect_paths entry %r is not an absolute path, so it would protect nothing; write "
+                    "the full path" % path)
+    return ""
+
+
 def store_dirs(module, action: str):
     """(cache_dir, models_dir) as real paths; fails when neither is given or one is not a folder."""
     p = module.params
+    why = option_problem(p)
+    if why:
+        module.fail_json(msg="%s: %s (nothing was changed)" % (action, why))
     if not p["cache_dir"] and not p["models_dir"]:
         module.fail_json(msg="%s needs a model store: set cache_dir (a Hugging Face hub cache) and/or "
                              "models_dir (a folder of model directories)" % action)

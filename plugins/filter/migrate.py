@@ -8,7 +8,14 @@ model_purge_result, model_fetch_result, vllm_service_result, benchmark_result.
 """
 from __future__ import annotations
 
+import os
+
 RECORD_SCHEMA = 1
+
+
+def clean_path(value):
+    """A path as the record and the summary print it: normalized ('a/b/../c' -> 'a/c'); None stays."""
+    return os.path.normpath(value) if isinstance(value, str) and value else value
 
 
 def human_bytes(value) -> str:
@@ -184,12 +191,24 @@ def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dic
                   "mb_per_s": _get(fetch, "mb_per_s"), "verified": _get(fetch, "verification", "ok")},
         "swap": {"swapped": swapped, "replaced_model": _get(service, "replaced_model"),
                  "downtime_s": _get(service, "downtime_s"), "start_to_ready_s": _get(service, "start_to_ready_s")},
-        "benchmark": ({k: benchmark.get(k) for k in ("run_dir", "report", "saturation", "stopped_early", "comparison")}
+        "benchmark": (dict({k: benchmark.get(k) for k in ("saturation", "stopped_early", "comparison")},
+                           run_dir=clean_path(benchmark.get("run_dir")), report=clean_path(benchmark.get("report")))
                       if benchmark else None),
     }
+
+
+def host_records(hosts, hostvars) -> list:
+    """Each host's run record (None for a host that has none: unreachable, left out by --limit,
+    or stopped before its record was built), in the order of `hosts`."""
+    out = []
+    for host in hosts or []:
+        values = hostvars[host] if host in hostvars else {}
+        out.append(values["migrate_record"] if "migrate_record" in values else None)
+    return out
 
 
 class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines,
-                "migrate_record": migrate_record, "human_bytes": human_bytes}
+                "migrate_record": migrate_record, "migrate_host_records": host_records,
+                "human_bytes": human_bytes}

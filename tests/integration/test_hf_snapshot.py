@@ -127,7 +127,7 @@ def test_fresh_download_into_cache_verified_then_noop_without_requests(snap, loc
     assert r["snapshot_path"] == str(snapshot)
     assert tree_files(snapshot) == FILES
     assert (r["files"], r["bytes_total"], r["files_downloaded"]) == (5, TOTAL, 5)
-    assert r["bytes_downloaded"] == TOTAL
+    assert r["bytes_downloaded"] == r["bytes_received"] == TOTAL
     v = r["verification"]
     assert v["ok"] and v["mode"] == "full" and v["files"] == 5 and v["hashed_bytes"] == TOTAL
     manifest = json.loads(Path(r["manifest"]).read_text())
@@ -475,7 +475,7 @@ def test_non_writable_destination_is_a_clear_error(snap, local_hub, models):
     ({"repo_id": "org/gated", "revision": "main"}, "gated", ["org/gated is a gated repository", "no token was given",
                                                              "pass that account's token"]),
     ({"repo_id": "org//bad--id"}, "bad_repo_id", ["'org//bad--id' is malformed", "fix repo_id"]),
-    ({"repo_id": "org/tiny", "token": "hf_not_a_valid_token"}, "unauthorized",
+    ({"repo_id": "org/tiny", "token": "hf_not_a_valid_token", "http_endpoint_trusted": True}, "unauthorized",
      ["refused the credentials (HTTP 401)", "fix or renew the token"]),
 ])
 def test_bad_input_fails_naming_cause_and_fix(snap, local_hub, models, tmp_path, args, cause, words):
@@ -493,7 +493,7 @@ def test_token_is_used_and_never_appears_in_output_or_files(local_hub, hf_env, m
     progress = tmp_path / "state" / "progress.json"
     base = {"repo_id": "org/gated", "revision": "main", "endpoint": local_hub.url, "use_xet": False,
             "cache_dir": str(tmp_path / "cache"), "token": token, "progress_file": str(progress),
-            "record": str(record), "record_name": "gated", "retry_delay": 0.05}
+            "record": str(record), "record_name": "gated", "retry_delay": 0.05, "http_endpoint_trusted": True}
     outputs = []
     for args, check in ((base, True), (base, False), (base, False), (dict(base, reverify=True), False),
                         (dict(base, revision="nope"), False)):

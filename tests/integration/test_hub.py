@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, snapshot_download
 from huggingface_hub.errors import (
     EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError,
     RepositoryNotFoundError, RevisionNotFoundError,
@@ -418,6 +418,35 @@ def test_wrong_etag_is_used_as_the_blob_name_unchecked(hf, local_hub, repo):
     b = hf.file(repo, "b.safetensors")
     assert b.read_bytes() == files["a.safetensors"] != files["b.safetensors"]
     assert resolve_gets(local_hub) == []
+
+
+def test_wrong_etag_like_names_the_blob_of_another_revision(hf, local_hub, repo):
+    first = local_hub.publish(repo, {"config.json": b'{"v": 1}\n'})
+    local_hub.publish(repo, {"config.json": b'{"v": 2}\n'})
+    local_hub.fault("wrong_etag", method="HEAD", file="config.json", like=f"{first}:config.json")
+    meta = hf.api().get_paths_info(repo, ["config.json"], revision=first)[0]
+    got = get_hf_file_metadata(hf_hub_url(repo, "config.json", endpoint=local_hub.url), token=False)
+    assert got.etag == meta.blob_id                        # the first revision's blob id, for the second's file
+    assert get_hf_file_metadata(hf_hub_url(repo, "config.json", endpoint=local_hub.url),
+                                token=False).etag != meta.blob_id   # spent: the truth again
+
+
+def test_bad_listing_serves_the_tampered_entry_raw(hf, local_hub, repo):
+    local_hub.publish(repo, {"config.json": b"{}\n", "w.safetensors": payload(1000, 3)})
+    local_hub.fault("bad_listing", endpoint="tree", target="config.json", path="../../../../etc/x")
+    local_hub.fault("bad_listing", endpoint="tree", target="w.safetensors", lfs_oid="../" + "a" * 61, add=True)
+    tree = {f.path: f for f in hf.api().list_repo_tree(repo, recursive=True)}
+    assert sorted(tree) == ["../../../../etc/x", "w.safetensors"]
+    assert tree["../../../../etc/x"].blob_id == git_blob_id(b"{}\n")
+    tree = [f for f in hf.api().list_repo_tree(repo, recursive=True)]   # the first fault is spent
+    lfs = sorted(f.lfs.sha256 for f in tree if f.path == "w.safetensors")
+    assert lfs == sorted([sha256(payload(1000, 3)), "../" + "a" * 61])
+    assert [f.path for f in tree if f.path == "config.json"] == ["config.json"]
+    local_hub.fault("bad_listing", endpoint="paths-info", oid="a/b")
+    assert hf.api().get_paths_info(repo, ["config.json"])[0].blob_id == "a/b"
+    applied = [e["faults"] for e in local_hub.requests(endpoint="paths-info")]
+    assert len(applied) == 1 and applied[0][0].startswith("bad_listing#")
+    assert hf.api().get_paths_info(repo, ["config.json"])[0].blob_id == git_blob_id(b"{}\n")
 
 
 def test_throttle_slows_but_completes(hf, local_hub, repo):

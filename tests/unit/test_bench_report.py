@@ -92,3 +92,76 @@ def test_plots_missing_matplotlib_are_reported_not_fatal(monkeypatch):
     files, err = br.plan_files(report_of(synthetic_run()), plots=True)
     assert "matplotlib is not installed" in err
     assert "throughput.png" not in files and b"Plots skipped: matplotlib" in files["report.md"]
+
+
+def test_the_header_states_the_output_tokens_usage_reported_and_what_was_asked():
+    raw = synthetic_run(chunks=128, usage=129)
+    raw["master"][0]["config"].update(input_tokens=64, output_tokens=128, ignore_eos=True, api="chat")
+    rep = report_of(raw)
+    assert rep["tokens"]["output_tokens_per_request"]["min"] == rep["tokens"]["output_tokens_per_request"]["max"] == 129
+    header = br.render_markdown(rep, [], None).splitlines()[2]
+    assert ("100 prompt tokens (~64 asked for) and 129 output tokens (128 asked for with ignore_eos) per request, "
+            "as usage reported them for ") in header
+    assert " 128 output tokens" not in header
+
+
+def test_the_header_gives_the_range_when_requests_differ_and_says_when_usage_is_missing():
+    raw = synthetic_run()
+    reqs = [r for r in raw["workers"]["worker-w1.jsonl"] if r["k"] == "req"]
+    reqs[0]["u"] = [100, 4]
+    settings = {"input_tokens": 100, "output_tokens": 10, "ignore_eos": False}
+    tok = bs.token_accounting(raw)
+    text = br.token_counts(tok["prompt_tokens_per_request"], tok["output_tokens_per_request"], settings)
+    assert f"and mean {(4 + 10 * (len(reqs) - 1)) / len(reqs):,.1f} (4-10) output tokens (10 asked for) per request" \
+        in text
+    for r in reqs:
+        r["u"] = None
+    tok = bs.token_accounting(raw)
+    assert tok["output_tokens_per_request"] is None
+    assert br.token_counts(None, None, settings) == ("~100 prompt and 10 output tokens per request asked for; "
+                                                     "no completed request reported usage")
+
+
+def visible_tick_labels(fig):
+    """The text of every tick label drawn inside the axes' view, per axis of each subplot."""
+    fig.canvas.draw()
+    out = []
+    for ax in fig.axes:
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+            out.append([t.label1.get_text() for t in ticks
+                        if t.label1.get_text() and min(lo, hi) <= t.get_loc() <= max(lo, hi)])
+    return out
+
+
+def test_plots_have_plain_tick_labels_on_log_axes():
+    """A latency range within one decade (60-90 ms) gets minor tick labels: they read 60, 70, ...
+    and never 6×10^1 (matplotlib's default on log axes)."""
+    import matplotlib.pyplot as plt
+
+    rep = report_of(synthetic_run())
+    base = rep["steps"][0]
+    rep["steps"] = []
+    for c, ms in ((1, 60.0), (4, 70.0), (16, 90.0)):
+        step = json.loads(json.dumps(base))
+        step["concurrency"] = c
+        for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            step[key].update(median=ms, p90=ms * 1.05, p99=ms * 1.1)
+        rep["steps"].append(step)
+    for fig in (br.latency_figure(rep), br.throughput_figure(rep)):
+        try:
+            labels = visible_tick_labels(fig)
+        finally:
+            plt.close(fig)
+        for texts in labels:
+            assert texts, "every axis is labelled"
+            for text in texts:
+                assert not any(mark in text for mark in ("$", "\\times", "×", "^", "e+")), text
+                float(text.replace(",", ""))
+        assert labels[0] == ["1", "4", "16"]                     # the concurrency axis: the steps
+    latency = br.latency_figure(rep)
+    try:
+        ttft_y = visible_tick_labels(latency)[1]
+    finally:
+        plt.close(latency)
+    assert {"60", "70", "80", "90"} <= set(ttft_y)

@@ -76,26 +76,28 @@ def test_success_is_vllms(rec, ok):
 
 # --- a synthetic run: known windows, known arrivals ---------------------------------------------------
 def synthetic_run(*, c=4, e2el=1.0, chunks=10, window=(10.0, 20.0), cpu=0.2, lags=0.5, server_c=None,
-                  errors=0, stagger=True, gap=0.0):
-    """C closed-loop users from t=0 to t=30, each request `e2el` long with `chunks` evenly spaced
-    one-token chunks (no role delta), users staggered evenly, windows per the master's phases."""
+                  errors=0, stagger=True, gap=0.0, until=30.0, usage=None):
+    """C closed-loop users from t=0 to `until`, each request `e2el` long with `chunks` evenly spaced
+    one-token chunks (no role delta; usage reports `usage` tokens, `chunks` by default), users
+    staggered evenly (or all starting together), windows per the master's phases."""
     t0, t1 = window
+    end = until + 2.0
     recs = [{"k": "phase", "w": "w1", "s": 0, "p": p, "t": t, "wall": 0, "users": c}
-            for p, t in (("ramp", 0.0), ("warmup", 2.0), ("measure", t0), ("drain", t1), ("end", 32.0))]
+            for p, t in (("ramp", 0.0), ("warmup", 2.0), ("measure", t0), ("drain", t1), ("end", end))]
     n_err = 0
     for u in range(c):
         st = (e2el + gap) * u / c if stagger else 0.0
-        while st < 30.0:
+        while st < until:
             phase = "measure" if t0 <= st < t1 else ("warmup" if st < t0 else "drain")
             offs = [e2el * (i + 1) / chunks for i in range(chunks)]
             rec = {"k": "req", "w": "w1", "s": 0, "p": phase, "id": f"{u}-{st}", "t": 0, "st": st, "c": offs,
-                   "u": [100, chunks], "f": "length", "h": 200, "e": None, "m": None, "d": True, "r": False}
+                   "u": [100, chunks if usage is None else usage], "f": "length", "h": 200, "e": None, "m": None, "d": True, "r": False}
             if phase == "measure" and n_err < errors:
                 rec.update(h=500, e="http_500", c=[], u=None)
                 n_err += 1
             recs.append(rec)
             st += e2el + gap
-    for sec in range(32):
+    for sec in range(int(end)):
         p = "measure" if t0 <= sec < t1 else "warmup"
         recs.append({"k": "cpu", "w": "w1", "s": 0, "p": p, "t": sec + 0.5, "cpu": cpu, "lags": [lags] * 50,
                      "preempted": 0, "inflight": c})
@@ -104,12 +106,13 @@ def synthetic_run(*, c=4, e2el=1.0, chunks=10, window=(10.0, 20.0), cpu=0.2, lag
     master += [{"k": "phase", "w": "master", "s": 0, "p": p, "t": t, "wall": 1000 + t, "users": c,
                 "ramp_s": 1.0, "users_reached": c}
                for p, t in (("ramp", 0.0), ("warmup", 2.0), ("measure", t0), ("drain", t1))]
-    master.append({"k": "phase", "w": "master", "s": 0, "p": "end", "t": 32.0, "wall": 1032.0, "users": c,
+    master.append({"k": "phase", "w": "master", "s": 0, "p": "end", "t": end, "wall": 1000 + end, "users": c,
                    "drained": True, "stop_reason": None})
     sc = c if server_c is None else server_c
     master += [{"k": "srv", "t": float(t), "s": 0, "p": "x", "ok": True, "running": sc, "waiting": 0,
-                "kv": 0.5, "gen": 0.0 + t * 10, "prompt": 0.0, "pfx_q": 0.0 + t, "pfx_h": 0.0} for t in range(33)]
-    master.append({"k": "done", "t": 33.0, "wall": 1033.0})
+                "kv": 0.5, "gen": 0.0 + t * 10, "prompt": 0.0, "pfx_q": 0.0 + t, "pfx_h": 0.0}
+               for t in range(int(end) + 1)]
+    master.append({"k": "done", "t": end + 1, "wall": 1001 + end})
     return {"master": master, "workers": {"worker-w1.jsonl": recs}}
 
 
@@ -352,3 +355,93 @@ def test_a_few_ms_outside_the_engine_is_the_frontends_share_not_a_missing_concur
     # 1.5 held: 62.5 ms per request is more than overhead, the concurrency did not arrive
     st = bs.step_metrics(synthetic_run(e2el=0.1, server_c=1.5), 0, 4)
     assert not st["valid"] and "concurrency_not_reached" in [f["code"] for f in st["flags"]]
+
+
+# --- the measured window's least length (Little's law) ----------------------------------------------
+@pytest.mark.parametrize("tolerance, e2el_s, per_user, multiple, seconds", [
+    (0.1, None, 11, 10.0, None),
+    (0.1, 2.0, 11, 10.0, 20.0),
+    (0.25, 1.0, 5, 4.0, 4.0),
+    (0.3, 1.0, 5, 1 / 0.3, 1 / 0.3),
+    (0.05, 0.5, 21, 20.0, 10.0),
+    (0.5, 3.0, 3, 2.0, 6.0),
+    (1.0, 3.0, 2, 1.0, 3.0),
+])
+def test_littles_law_window(tolerance, e2el_s, per_user, multiple, seconds):
+    need = bs.littles_law_window(tolerance, e2el_s)
+    assert need["requests_per_user"] == per_user
+    assert need["e2el_multiple"] == pytest.approx(multiple)
+    assert need["seconds"] == (None if seconds is None else pytest.approx(seconds))
+
+
+@pytest.mark.parametrize("tolerance", [0, -0.1, None])
+def test_littles_law_window_needs_a_positive_tolerance(tolerance):
+    with pytest.raises(ValueError, match="littles_law_tolerance must be above 0"):
+        bs.littles_law_window(tolerance)
+
+
+def test_the_window_rule_holds_for_the_worst_case_closed_loop():
+    """One user (no other user's phase averages the error out): every window holding at least the
+    rule's requests per user passes the ±10 % check; shorter ones can fail it."""
+    need = bs.littles_law_window(bs.DEFAULT_CHECKS["littles_law_tolerance"])["requests_per_user"]
+    failed_short = 0
+    for e2el in (0.7, 1.3, 2.9, 4.1):
+        for tenth in range(10, 600, 37):
+            window = (10.0, 10.0 + tenth / 10)
+            st = bs.step_metrics(synthetic_run(c=1, e2el=e2el, window=window, stagger=False,
+                                               until=window[1] + 3 * e2el), 0, 1)
+            flagged = "littles_law" in [f["code"] for f in st["flags"]]
+            if st["requests"]["measured"] >= need:
+                assert not flagged, (e2el, window, st["littles_law"])
+            elif flagged:
+                failed_short += 1
+    assert failed_short > 0
+
+
+def test_a_window_too_short_for_littles_law_says_what_it_needs():
+    # 1 user, 4 s requests, a 10 s window: 2 requests, throughput × E2EL = 0.8
+    st = bs.step_metrics(synthetic_run(c=1, e2el=4.0, window=(10.0, 20.0), stagger=False), 0, 1)
+    [flag] = [f for f in st["flags"] if f["code"] == "littles_law"]
+    assert st["valid"] is False
+    assert "the window held 2.0 requests per user, too few to tell" in flag["message"]
+    assert "needs at least 11 (a window of 10 × the mean E2EL, 40.0 s here)" in flag["message"]
+    assert "raise benchmark_min_requests_per_user to 11 (and benchmark_measure_max_s to at least 44 s)" \
+        in flag["message"]
+    # a window that held enough and still broke Little's law is the client's fault: no such advice
+    idle = bs.step_metrics(synthetic_run(gap=1.0, until=60.0, window=(10.0, 50.0)), 0, 4)
+    [flag] = [f for f in idle["flags"] if f["code"] == "littles_law"]
+    assert "too few to tell" not in flag["message"]
+
+
+@pytest.mark.parametrize("kw, tolerance, fragments", [
+    ({"min_requests_per_user": 3}, None,
+     ["holding only 3 requests per user; Little's law (±10%) needs at least 11 (a window of 10 × the step's "
+      "E2E latency)", "set min_requests_per_user (benchmark_min_requests_per_user) to 11",
+      "or measure_s to at least 10 × the E2E latency expected at C=8"]),
+    ({"min_requests_per_user": 11}, None, []),
+    ({"min_requests_per_user": 5}, 0.25, []),
+    ({"min_requests_per_user": 4}, 0.25, ["needs at least 5"]),
+    ({"min_requests_per_user": 11, "max_requests_per_step": 50}, None,
+     ["max_requests_per_step (50) closes the window at C=8 after 6.2 requests per user", "at least 88"]),
+])
+def test_window_warnings_before_the_run(kw, tolerance, fragments):
+    warnings = bl.window_warnings(settings(**kw), tolerance)
+    assert len(warnings) == (1 if fragments else 0)
+    for fragment in fragments:
+        assert fragment in warnings[0]
+
+
+def test_the_plan_lines_name_the_ladder_windows_bounds_and_target():
+    p = settings(min_requests_per_user=11, slo={"ttft_ms": 500}, scheduling="realtime")
+    lines = bl.plan_lines(p, bl.bounds(p), ["a warning"])
+    text = "\n".join(lines)
+    assert "  target: http://h:8000 (chat API), model m" in lines
+    assert "  ladder: C=1,8 (closed loops, no wait); ~64 prompt tokens, 16 output tokens per request (ignore_eos)" \
+        in lines
+    assert ("each step: ramp 2 s, warm-up 3 s (discarded), measured window 10 s to 20 s until it holds 11 requests "
+            "per user (at most 1,000), then a drain of at most 65 s") in text
+    assert "requests time out after 60 s; SLOs: TTFT <= 500 ms; stops early on: a step's error rate above 5.0% " \
+           "or fewer than 90% of a step's requests meeting the SLOs" in text
+    assert f"bounds: at most {bl.bounds(p)['seconds']:,} s in all" in text and "2,000 measured requests" in text
+    assert "load: one Locust process, scheduling realtime" in text
+    assert lines[-1] == "  WARNING: a warning"

@@ -34,14 +34,14 @@ def inventory(tmp_path_factory):
     return path
 
 
-def playbook(inventory, extra, *, check=False):
+def playbook(inventory, extra, *, check=False, cwd=REPO, host="sim1"):
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
-            "playbooks/benchmark.yml", "-e", "benchmark_hosts=sim1", "-e", json.dumps(extra)]
+            str(REPO / "playbooks/benchmark.yml"), "-e", f"benchmark_hosts={host}", "-e", json.dumps(extra)]
     if check:
         argv.append("--check")
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def settings(sim, results, **kw):
@@ -53,6 +53,11 @@ def settings(sim, results, **kw):
            "benchmark_deployment": {"model": "sim", "vllm_args": {"max_model_len": 8192}}}
     out.update(kw)
     return out
+
+
+def flat(text):
+    """Ansible's output with the YAML callback's line wrapping and quote doubling undone."""
+    return " ".join(text.split()).replace("''", "'")
 
 
 def tokens_generated(sim):
@@ -124,7 +129,7 @@ def test_run_report_comparison_check_mode_and_skip(sim, inventory, tmp_path):
 def test_locust_workers_on_a_load_generator(sim, inventory, tmp_path):
     """Locust's distributed mode across hosts: the master on the controller, a worker started by
     the role on the load generator (here the same machine over a local connection), its records
-    fetched back into the run's raw folder, its copies (config, key in its environment) removed."""
+    fetched back into the run's raw folder, its copies (config, the 0600 API key file) removed."""
     results = tmp_path / "results"
     workers = tmp_path / "workers"
     proc = playbook(inventory, settings(
@@ -142,3 +147,61 @@ def test_locust_workers_on_a_load_generator(sim, inventory, tmp_path):
     assert all(s["requests"]["completed"] > 0 for s in doc["steps"])
     assert not any(workers.iterdir()) if workers.exists() else True
     assert KEY not in proc.stdout
+
+
+def test_check_mode_shows_the_plan_without_verbosity(sim, inventory, tmp_path):
+    """--check prints the plan (target, load host, ladder, windows, bounds, results folder) at the
+    default verbosity, warns about windows too short for Little's law with the minimum, starts
+    no load and writes nothing."""
+    before = tokens_generated(sim)
+    check = playbook(inventory, settings(sim, tmp_path / "results"), check=True)
+    assert check.returncode == 0, check.stdout[-3000:]
+    out = flat(check.stdout)
+    assert "TASK [modelswap.vllm.benchmark : Show the plan]" in out
+    assert f"sim1: benchmark sim at {sim.url}, the load from localhost" in out
+    assert f"target: {sim.url} (chat API), model sim" in out
+    assert "ladder: C=2,4 (closed loops, no wait); ~48 prompt tokens, 16 output tokens per request (ignore_eos)" in out
+    assert "each step: ramp 0.5 s, warm-up 0.5 s (discarded), measured window 2 s to 6 s until it holds 2" in out
+    assert "requests time out after 20 s" in out and "bounds: at most " in out
+    assert f"results: {tmp_path / 'results'}/sim1/sim/unknown-commit/" in out
+    assert "check mode: no load is started and nothing is written" in out
+    # min_requests_per_user 2: the window may be too short, said before the run, with the minimum
+    assert "WARNING: a step's measured window may close after measure_s (2 s) holding only 2 requests per user" \
+        in out
+    assert "[WARNING]: benchmark: a step's measured window" in out + flat(check.stderr)
+    assert "needs at least 11" in out
+    assert tokens_generated(sim) - before <= 2 and not (tmp_path / "results").exists()
+    assert KEY not in out
+
+
+def test_the_default_ladder_settings_warn_about_nothing(sim, inventory, tmp_path):
+    check = playbook(inventory, settings(sim, tmp_path / "results", benchmark_min_requests_per_user=11), check=True)
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert "until it holds 11 requests per user" in flat(check.stdout)
+    assert "WARNING" not in check.stdout + check.stderr
+
+
+def test_the_example_inventorys_settings_reach_the_plan(sim, tmp_path):
+    """playbooks/benchmark.yml with the example inventory (its host pointed at the simulator):
+    the plan shows the ladder and lengths that group_vars/all/benchmark.yml sets."""
+    check = playbook(REPO / "inventory/example", {
+        "benchmark_url": sim.url, "benchmark_model": "sim", "benchmark_api_key": KEY,
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        "benchmark_load_generators": [], "modelswap_results_dir": str(tmp_path)}, check=True, host="gpu-a01")
+    assert check.returncode == 0, check.stdout[-3000:]
+    out = flat(check.stdout)
+    assert "ladder: C=1,8,32,128,256,512,1024 (closed loops, no wait); ~1024 prompt tokens, 256 output tokens" in out
+    assert "measured window 120 s to 300 s until it holds 11 requests per user" in out
+    assert f"results: {tmp_path}/benchmark/gpu-a01/sim/unknown-commit/" in out
+
+
+def test_a_relative_results_dir_is_printed_normalized(sim, inventory, tmp_path):
+    """Run from another folder with modelswap_results_dir 'playbooks/../res': the report lands in
+    <that folder>/res/benchmark/... and the output names it without '..'."""
+    extra = settings(sim, None, benchmark_concurrency=[2], modelswap_results_dir="playbooks/../res")
+    del extra["benchmark_results_dir"]
+    proc = playbook(inventory, extra, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    [report] = sorted((tmp_path / "res" / "benchmark" / "sim1" / "sim" / "unknown-commit").glob("*/report.md"))
+    assert f"report: {report}" in proc.stdout
+    assert "/../" not in proc.stdout

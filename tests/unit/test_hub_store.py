@@ -204,6 +204,10 @@ def test_publish_cli(tmp_path):
     ({"kind": "cut", "endpoint": "upload"}, "endpoint"),
     ({"kind": "cut", "bogus": 1}, "unknown parameters"),
     ({"kind": "wrong_etag", "etag": "a\"b"}, "alphanumeric"),
+    ({"kind": "wrong_etag", "like": "main"}, "'<revision>:<path>'"),
+    ({"kind": "wrong_etag", "like": "main:a", "etag": "abc"}, "not both"),
+    ({"kind": "bad_listing"}, "at least one of path, oid, lfs_oid"),
+    ({"kind": "bad_listing", "path": "x", "add": "yes"}, "add must be bool"),
 ])
 def test_bad_fault_specs(spec, match):
     with pytest.raises(FaultError, match=match):

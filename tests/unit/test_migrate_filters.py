@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.filter.migrate import (
-    FilterModule, human_bytes, migrate_plan, migrate_record, plan_lines)
+    FilterModule, host_records, human_bytes, migrate_plan, migrate_record, plan_lines)
 
 pytestmark = pytest.mark.unit
 GIB = 1024 ** 3
@@ -147,3 +147,22 @@ def test_a_unit_set_up_by_hand_that_the_swap_replaces_is_named():
 def test_filters_are_registered_and_bytes_read_like_df():
     assert set(FilterModule().filters()) >= {"migrate_plan", "migrate_plan_lines", "migrate_record", "human_bytes"}
     assert human_bytes(0) == "0 B" and human_bytes(1536) == "1.5 KiB" and human_bytes(None) == "?"
+
+
+def test_the_record_names_the_benchmark_report_by_a_normalized_path():
+    bench = {"run_dir": "/srv/infra/playbooks/../results/benchmark/gpu1/tiny-b/c/20261202T000000Z",
+             "report": "/srv/infra/playbooks/../results/benchmark/gpu1/tiny-b/c/20261202T000000Z/report.md",
+             "saturation": {"knee_concurrency": None}, "stopped_early": None, "comparison": None}
+    record = migrate_record("gpu1", "run", "tiny-b", migrate_plan("tiny-b", None, None, None, {"swapped": True}),
+                            {}, None, {"swapped": True}, None, bench, None, False)
+    assert record["benchmark"]["run_dir"] == "/srv/infra/results/benchmark/gpu1/tiny-b/c/20261202T000000Z"
+    assert record["benchmark"]["report"].endswith("/srv/infra/results/benchmark/gpu1/tiny-b/c/20261202T000000Z/report.md")
+    assert record["benchmark"]["saturation"] == {"knee_concurrency": None}
+
+
+def test_hosts_without_a_record_count_as_not_reached():
+    """An unreachable host, or one left out by --limit, has no migrate_record: the fleet summary
+    lists it as not reached instead of failing."""
+    hostvars = {"gpu1": {"migrate_record": {"host": "gpu1"}}, "gpu2": {"ansible_host": "10.0.0.2"}}
+    assert host_records(["gpu1", "gpu2", "gpu9"], hostvars) == [{"host": "gpu1"}, None, None]
+    assert host_records([], hostvars) == []

@@ -211,8 +211,10 @@ def test_plan_then_purge_frees_exactly_what_was_planned(world):
     assert du == real["planned_bytes"] == plan["purge_bytes"]
     if world.fs.isolated:
         assert real["freed_bytes"] == plan["purge_bytes"]
-    # huggingface_hub's own expectation: every blob of both revisions, shared ones once
+    # huggingface_hub's own expectation: every blob of both revisions, shared ones once; check mode
+    # returns the same planned figure
     assert real["expected_freed_size"] == 300 * KB + 40 * KB + 2 * len(b'{"v": 1}')
+    assert check["expected_freed_size"] == real["expected_freed_size"]
     assert not (world.cache / "models--lab--old").exists()
     assert not (world.cache / ".locks" / "models--lab--old").exists()
 
@@ -229,12 +231,15 @@ def test_old_revision_goes_and_shared_blobs_survive(world):
     manifests.mkdir(exist_ok=True)
     for commit in (v1, v2_commit):
         (manifests / (commit + ".json")).write_text("{}")
+    check = ok(world.purge(["lab/old@" + v1], check=True))
     before_free, before_usage = world.fs.free(), world.usage()
     res = ok(world.purge(["lab/old@" + v1]))
     measured, du = freed_measured(world, before_free, before_usage)
     assert res["removed"][0]["kind"] == "revision"
     assert du == res["planned_bytes"] and measured == res["planned_bytes"]
     assert res["expected_freed_size"] == len(b'{"v": 1}')   # only v1's config was its own
+    assert check["expected_freed_size"] == res["expected_freed_size"]
+    assert check["planned_bytes"] == res["planned_bytes"]
     v2 = world.cache / "models--lab--old" / "snapshots" / world.commits["old-v2"]
     assert (v2 / "model.safetensors").read_bytes() == CONTENT["old-v2"]["model.safetensors"]
     assert not (world.cache / "models--lab--old" / "snapshots" / v1).exists()
@@ -376,12 +381,12 @@ def test_token_is_never_returned(world):
     models = dict(world.models, gated={"repo_id": "lab/gated", "revision": commit})
     token = hub.token
     hub.clear_log()
-    res = ok(world.plan(models=models, target="gated", token=token))
+    res = ok(world.plan(models=models, target="gated", token=token, http_endpoint_trusted=True))
     assert res["target"]["download_bytes"] == 10 * KB + 2
     assert token not in json.dumps(res)
     assert hub.requests() and all(r["auth"] for r in hub.requests())   # the token was sent
     wrong = "hf_" + "x" * 30
-    bad = world.plan(models=models, target="gated", token=wrong)
+    bad = world.plan(models=models, target="gated", token=wrong, http_endpoint_trusted=True)
     assert bad["failed"] and "lab/gated" in bad["msg"] and "token" in bad["msg"]
     assert wrong not in json.dumps(bad)
 

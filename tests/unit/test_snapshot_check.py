@@ -153,10 +153,23 @@ def test_an_explicit_local_dir_uses_its_own_manifest(tmp_path):
     assert out["path"] == str(folder) and out["source"] == "vllm_service_snapshot_path"
 
 
-@pytest.mark.parametrize("repo_id", ["tiny-a", "", "a/b/c", "../x"])
+@pytest.mark.parametrize("repo_id", ["", "a/b/c", "../x", "lab/tiny-a\n", "lab/tiny a", None])
 def test_malformed_repo_ids(repo_id):
     out = sc.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
-    assert out["verified"] is False and "not a repo id" in out["reason"]
+    assert out["verified"] is False and "repo id" in out["reason"]
+    assert out["path"] is None
+
+
+@pytest.mark.parametrize("repo_id", ["gpt2", "org/name", "Org.x/Mod_el-7B.v1"])
+def test_hub_repo_ids_single_name_included_are_looked_up(repo_id):
+    out = sc.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
+    assert out["verified"] is False and "is not on this host" in out["reason"]
+    assert out["path"] == "/nonexistent/models--%s/snapshots/%s" % (repo_id.replace("/", "--"), COMMIT)
+
+
+def test_a_commit_with_a_trailing_newline_is_not_a_commit():
+    out = sc.locate("m", "lab/tiny-a", COMMIT + "\n", cache_dir="/nonexistent")
+    assert out["commit"] is None and out["path"] is None
 
 
 def test_manifest_is_json_readable_by_the_check(tmp_path):

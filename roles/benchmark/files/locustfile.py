@@ -59,8 +59,28 @@ def load_config():
         cfg["out_dir"] = os.environ["MODELSWAP_BENCH_OUT"]
     if os.environ.get("MODELSWAP_BENCH_PROMPTS"):
         cfg["prompt_source"] = os.environ["MODELSWAP_BENCH_PROMPTS"]
-    cfg["api_key"] = os.environ.get("MODELSWAP_BENCH_API_KEY") or None
+    cfg["api_key"] = read_api_key(os.environ)
     return cfg
+
+
+def read_api_key(environ):
+    """The server's API key: from the 0600 file MODELSWAP_BENCH_API_KEY_FILE names (remote workers:
+    the key never enters a process's environment or an Ansible log), else from
+    MODELSWAP_BENCH_API_KEY (the load host's own run); None when neither is set."""
+    path = environ.get("MODELSWAP_BENCH_API_KEY_FILE")
+    if not path:
+        return environ.get("MODELSWAP_BENCH_API_KEY") or None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise SystemExit(f"cannot read the API key file {path} (MODELSWAP_BENCH_API_KEY_FILE): "
+                         f"{exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if mode & 0o077:
+            raise SystemExit(f"the API key file {path} is readable by others (mode {mode & 0o777:04o}): "
+                             "it must be 0600, owned by the user Locust runs as")
+        return fh.read().strip() or None
 
 
 class Prompts:

@@ -33,6 +33,14 @@ Kinds (what the server does to a matching request):
                   file) with ``xor`` (default 0xFF) in the body sent; headers stay truthful.
   ``wrong_etag``  on resolve HEAD/GET, send ``etag`` (default: a made-up value of the right shape:
                   64 hex for LFS files, 40 hex otherwise) in ETag and X-Linked-Etag; body intact.
+                  ``like`` ("<revision>:<path>") sends instead the ETag that file of the same
+                  repository has at that revision: a wrong ETag that collides with the blob of
+                  another (served) revision.
+  ``bad_listing`` a malicious or broken mirror's file list: on a tree or paths-info answer, the
+                  first file entry whose path matches ``target`` (fnmatch, default "*") gets
+                  ``path``, ``oid`` and/or ``lfs_oid`` (an LFS entry is made when it had none) as
+                  given, raw (e.g. "../../../../etc/x", an oid with "/"); with ``add`` true a
+                  tampered copy is appended and the real entry kept.
   ``ignore_range`` answer a request that has a Range header with 200 and the full body.
 """
 from __future__ import annotations
@@ -54,7 +62,9 @@ KINDS: dict[str, dict[str, tuple[type | tuple[type, ...], object]]] = {
     "cut": {"after": (int, 0)},
     "short_body": {"length": (int, None), "framing": (str, "length")},
     "flip_byte": {"offset": (int, None), "xor": (int, 0xFF)},
-    "wrong_etag": {"etag": (str, None)},
+    "wrong_etag": {"etag": (str, None), "like": (str, None)},
+    "bad_listing": {"target": (str, "*"), "path": (str, None), "oid": (str, None), "lfs_oid": (str, None),
+                    "add": (bool, False)},
     "ignore_range": {},
 }
 MAX_DELAY_S = 60.0
@@ -105,7 +115,7 @@ def parse_fault(spec: dict, fault_id: int) -> Fault:
     params = {}
     for name, (typ, default) in KINDS[kind].items():
         value = spec.pop(name, default)
-        if value is not None and (not isinstance(value, typ) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool)):
             raise FaultError(f"{kind}: {name} must be {getattr(typ, '__name__', typ)}, not {value!r}")
         params[name] = value
     if spec:
@@ -130,6 +140,14 @@ def parse_fault(spec: dict, fault_id: int) -> Fault:
             raise FaultError("flip_byte: xor must be 1-255")
     if kind == "wrong_etag" and params["etag"] is not None and not params["etag"].isalnum():
         raise FaultError("wrong_etag: etag must be alphanumeric")
+    if kind == "wrong_etag" and params["like"] is not None:
+        if params["etag"] is not None:
+            raise FaultError("wrong_etag: give etag or like, not both")
+        rev, sep, path = params["like"].partition(":")
+        if not sep or not rev or not path:
+            raise FaultError("wrong_etag: like must be '<revision>:<path>'")
+    if kind == "bad_listing" and all(params[k] is None for k in ("path", "oid", "lfs_oid")):
+        raise FaultError("bad_listing: give at least one of path, oid, lfs_oid")
     return Fault(fault_id, kind, params, selectors, count)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import hashlib
 import hmac
 import json
@@ -557,6 +558,7 @@ class HubHandler(BaseHTTPRequestHandler):
             {"lastCommit": last[d]} if expand else {})} for d, tree in sorted(commit.dirs.items()) if d and wanted(d)]
         entries += [self._entry_json(f, last.get(f.path) if expand else None)
                     for f in sorted(commit.files.values(), key=lambda f: f.path) if wanted(f.path)]
+        entries = self._tamper_listing(entries)
         page_size = max(1, self.server.page_size // (20 if expand else 1))
         try:
             start = int(params.get("cursor", ["0"])[-1])
@@ -595,7 +597,34 @@ class HubHandler(BaseHTTPRequestHandler):
                 out.append(self._entry_json(commit.files[p], last.get(p) if expand else None))
             elif p in commit.dirs and p:
                 out.append({"type": "directory", "oid": commit.dirs[p], "size": 0, "path": p})
-        self._send_json(200, out)
+        self._send_json(200, self._tamper_listing(out))
+
+    def _tamper_listing(self, entries: list[dict]) -> list[dict]:
+        """Apply a ``bad_listing`` fault: one file entry gets the given path / oid / lfs oid, raw."""
+        def applies(f):
+            return any(e["type"] == "file" and fnmatch.fnmatchcase(e["path"], f.params["target"]) for e in entries)
+
+        fault = self.server.faults.take("bad_listing", self._req, applies)
+        if fault is None:
+            return entries
+        self._faults_applied.append(f"bad_listing#{fault.id}")
+        out = list(entries)
+        for i, e in enumerate(out):
+            if e["type"] != "file" or not fnmatch.fnmatchcase(e["path"], fault.params["target"]):
+                continue
+            bad = json.loads(json.dumps(e))
+            if fault.params["path"] is not None:
+                bad["path"] = fault.params["path"]
+            if fault.params["oid"] is not None:
+                bad["oid"] = fault.params["oid"]
+            if fault.params["lfs_oid"] is not None:
+                bad.setdefault("lfs", {"size": e["size"], "pointerSize": 134})["oid"] = fault.params["lfs_oid"]
+            if fault.params["add"]:
+                out.append(bad)
+            else:
+                out[i] = bad
+            break
+        return out
 
     def _api_refs(self, repo_id: str, tail: list[str], params: dict, body: bytes) -> None:
         self._repo(repo_id)
@@ -629,8 +658,16 @@ class HubHandler(BaseHTTPRequestHandler):
         wrong = faults.take("wrong_etag", req)
         if wrong is not None:
             self._faults_applied.append(f"wrong_etag#{wrong.id}")
-            etag = wrong.params["etag"] or hashlib.new(
-                "sha256" if entry.lfs else "sha1", b"lab-wrong-etag:" + etag.encode()).hexdigest()
+            if wrong.params["like"]:
+                rev, _, other_path = wrong.params["like"].partition(":")
+                other_id = self.server.store.resolve(repo_id, rev)
+                other = self.server.store.commit(repo_id, other_id).files.get(other_path) if other_id else None
+                if other is None:
+                    raise HubError(400, f"lab fault: wrong_etag like={wrong.params['like']!r}: no such file")
+                etag = other.etag
+            else:
+                etag = wrong.params["etag"] or hashlib.new(
+                    "sha256" if entry.lfs else "sha1", b"lab-wrong-etag:" + etag.encode()).hexdigest()
         headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
                    "ETag": f'"{etag}"', "X-Repo-Commit": commit.id,
                    "Content-Disposition": f'inline; filename="{quote(posixpath.basename(path))}"'}

@@ -1,0 +1,56 @@
+"""What a task of a playbook sees: the variables Ansible would give one task for one host.
+
+    python -m tests.support.task_vars INVENTORY PLAYBOOK HOST TASK_NAME VAR[,VAR...]
+
+loads the playbook as ansible-playbook does (roles, import_role, role defaults and parameters),
+finds the first task whose name ends with TASK_NAME, and prints, as JSON, each VAR templated
+with the variables of that task for HOST (inventory, role defaults, the import's vars, ...).
+Nothing runs and no host is contacted. Run it with ANSIBLE_CONFIG set to the repository's
+ansible.cfg (the collection resolves through .collections/).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def task_vars(inventory, playbook, host, task_name, names):
+    import ansible.constants as C
+    from ansible import context
+    from ansible.inventory.manager import InventoryManager
+    from ansible.module_utils.common.collections import ImmutableDict
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.playbook import Playbook
+    from ansible.playbook.block import Block
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.template import Templar, trust_as_template
+    from ansible.vars.manager import VariableManager
+
+    context.CLIARGS = ImmutableDict(tags=["all"], skip_tags=[], check=False, diff=False)
+    init_plugin_loader(C.COLLECTIONS_PATHS)
+    loader = DataLoader()
+    inv = InventoryManager(loader=loader, sources=[inventory])
+    manager = VariableManager(loader=loader, inventory=inv)
+    book = Playbook.load(playbook, variable_manager=manager, loader=loader)
+
+    def walk(items):
+        for item in items:
+            if isinstance(item, Block):
+                yield from walk(item.block)
+                yield from walk(item.rescue)
+                yield from walk(item.always)
+            else:
+                yield item
+
+    for play in book.get_plays():
+        for task in walk(play.compile()):
+            if task.get_name().endswith(task_name):
+                variables = manager.get_vars(play=play, host=inv.get_host(host), task=task)
+                templar = Templar(loader=loader, variables=variables)
+                return {name: templar.template(trust_as_template("{{ %s }}" % name)) for name in names}
+    raise SystemExit(f"no task named ...{task_name!r} in {playbook}")
+
+
+if __name__ == "__main__":
+    inventory_, playbook_, host_, task_, names_ = sys.argv[1:6]
+    print(json.dumps(task_vars(inventory_, playbook_, host_, task_, names_.split(",")), default=str))
