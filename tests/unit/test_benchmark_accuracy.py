@@ -8,7 +8,7 @@ timing. What they cannot stop is the hypervisor taking a core away (steal, a few
 it takes the client's core, the client's event loop runs late and the report flags the step
 (`client_lag`); when it takes the simulator's core right after a write, the chunk reaches the
 client late although the record says it was written on time. Either can spoil one attempt, so a
-case passes when one of three attempts is reported valid and is accurate; each attempt's figures
+case passes when one of three attempts (five at 1,024 streams) is reported valid and is accurate; each attempt's figures
 are printed, and a case fails with all of them when none is.
 """
 from __future__ import annotations
@@ -55,10 +55,11 @@ def check_accuracy(cmp, *, ttft_mean_bar=None, itl_p99_bar=None, ttft_abs_ms=2.0
     return bad
 
 
-def measure(tmp_path, name, *, bars=None, **case):
-    """Run a case until an attempt is reported valid and is accurate (at most ATTEMPTS)."""
+def measure(tmp_path, name, *, bars=None, attempts=ATTEMPTS, also=None, **case):
+    """Run a case until an attempt is reported valid and is accurate (at most `attempts`);
+    `also(cmp)` lists a case's own failures beyond check_accuracy's."""
     notes = []
-    for attempt in range(ATTEMPTS):
+    for attempt in range(attempts):
         wd = tmp_path / f"{name}-{attempt}"
         shutil.rmtree(wd, ignore_errors=True)
         res = ba.run_case(wd, nice=PRIORITY, **case)
@@ -74,7 +75,7 @@ def measure(tmp_path, name, *, bars=None, **case):
             notes.append(f"attempt {attempt + 1} flagged: " + ", ".join(
                 f["message"] for f in step["flags"] if f["severity"] == "invalid") + f"; {where}")
             continue
-        bad = check_accuracy(cmp, **(bars or {}))
+        bad = check_accuracy(cmp, **(bars or {})) + (also(cmp) if also else [])
         if not bad:
             return cmp
         notes.append(f"attempt {attempt + 1} valid but off: {bad}; {where}")
@@ -113,11 +114,18 @@ def test_c128_at_20ms_chunks_meets_the_bar(tmp_path):
     assert cmp["step"]["requests"]["completed"] > 500
 
 
+def _server_saw_1024(cmp):
+    seen = cmp["step"]["server"]["concurrency_mean"]
+    return [] if seen == pytest.approx(1024, abs=5) else [f"the server saw {seen:.1f} streams, not 1024"]
+
+
 def test_seed_scale_1024_streams(tmp_path):
-    # 1,024 streams, 4,000 chunks/s in all (a chunk every 256 ms per stream): at most +10 ms TTFT mean
-    cmp = measure(tmp_path, "seed", bars={"ttft_mean_bar": 10.0, "ttft_abs_ms": 10.0}, concurrency=1024, ttft_ms=50,
-                  chunk_ms=256, chunks=32, measure_s=15, warmup_s=5, ramp_s=10, timeout=240)
-    assert cmp["step"]["server"]["concurrency_mean"] == pytest.approx(1024, abs=5)
+    # 1,024 streams, 4,000 chunks/s in all (a chunk every 256 ms per stream): at most +10 ms TTFT mean.
+    # The client's loop runs closest to its lag limit here (p99 4-8 ms against 6.4 ms on this 2-core
+    # machine), so the case has five attempts; each one's figures are printed.
+    measure(tmp_path, "seed", bars={"ttft_mean_bar": 10.0, "ttft_abs_ms": 10.0}, attempts=5,
+            also=_server_saw_1024, concurrency=1024, ttft_ms=50, chunk_ms=256, chunks=32, measure_s=15,
+            warmup_s=5, ramp_s=10, timeout=240)
 
 
 def test_knee_is_where_the_slots_run_out(tmp_path):
