@@ -21,20 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.support.modules import REPO, run_module
+from tests.support.synthetic_cache import MB
+from tests.support.synthetic_cache import incompressible as blob
 
 pytestmark = pytest.mark.hub
 
-MB = 1024 * 1024
-
-
-def blob(seed: str, size: int) -> bytes:
-    """Deterministic incompressible bytes."""
-    out = bytearray()
-    counter = 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest() * 64
-        counter += 1
-    return bytes(out[:size])
 
 
 FILES = {

@@ -18,24 +18,12 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
+from tests.support.synthetic_cache import MB, git_blob_id
+from tests.support.synthetic_cache import incompressible as blob
 
 pytestmark = pytest.mark.hub
 
-MB = 1024 * 1024
 CANARY = b"precious, not modelswap's\n"
-
-
-def blob(seed: str, size: int) -> bytes:
-    out = bytearray()
-    counter = 0
-    while len(out) < size:
-        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest() * 64
-        counter += 1
-    return bytes(out[:size])
-
-
-def git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 FILES = {

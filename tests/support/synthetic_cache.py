@@ -14,10 +14,37 @@ from pathlib import Path
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 
 
+MB = 1024 * 1024
+
+# Two repositories' worth of revisions for the store tests: W2 shares its weights and tokenizer
+# blobs with W1 (only config.json differs); W3 shares nothing.
+A = "a" * 40
+B = "b" * 40
+C = "c" * 40
+W1 = {"config.json": b'{"a": 1}', "model.safetensors": b"W" * 9000, "tok/tokenizer.json": b"t" * 3000}
+W2 = dict(W1, **{"config.json": b'{"a": 2}'})
+W3 = {"config.json": b'{"c": 3}', "model.safetensors": b"X" * 20000}
+
+
+def incompressible(seed: str, size: int) -> bytes:
+    """Deterministic incompressible bytes (a model file's stand-in that no layer can compress)."""
+    out = bytearray()
+    counter = 0
+    while len(out) < size:
+        out += hashlib.sha256(f"{seed}:{counter}".encode()).digest() * 64
+        counter += 1
+    return bytes(out[:size])
+
+
+def git_blob_id(content: bytes) -> str:
+    """The git blob sha1: the Hub's ETag of a small (non-LFS) file."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
 def etag_for(path: str, content: bytes) -> str:
     if path.endswith(LFS_SUFFIXES):
         return hashlib.sha256(content).hexdigest()
-    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+    return git_blob_id(content)
 
 
 def commit_for(*parts) -> str:

@@ -21,17 +21,12 @@ from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from tests.support import synthetic_cache as sc
+from tests.support.synthetic_cache import A, B, C, W1, W2, W3
 from tests.support.modules import REPO, run_module
 from tests.support.scratch_fs import tree_fingerprint
 
 pytestmark = pytest.mark.unit
 
-A = "a" * 40
-B = "b" * 40
-C = "c" * 40
-W1 = {"config.json": b'{"a": 1}', "model.safetensors": b"W" * 9000, "tok/tokenizer.json": b"t" * 3000}
-W2 = dict(W1, **{"config.json": b'{"a": 2}'})            # shares weights and tokenizer with W1
-W3 = {"config.json": b'{"c": 3}', "model.safetensors": b"X" * 20000}
 ONE = sc.folder_for("org/one")
 TWO = sc.folder_for("org/two")
 
