@@ -223,6 +223,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import listed
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
     STORE_ARGS,
     host_state,
@@ -451,11 +452,7 @@ def main():
     stale = []
     if p["clean_stale_locks"] and cache_in_roots:
         locks_root = os.path.join(store.cache_dir, ".locks")
-        try:
-            lock_folders = sorted(os.listdir(locks_root))
-        except OSError:
-            lock_folders = []
-        for folder in lock_folders:
+        for folder in listed(locks_root):
             path = os.path.join(locks_root, folder)
             if folder in sim.gone_repos or os.path.islink(path) or not os.path.isdir(path):
                 continue

@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0 (see galaxy.yml)
-"""File-system helpers the modules share: atomic writes, suffix scans, the nearest folder."""
+"""File-system helpers the modules share: atomic writes, folder listings, suffix scans, the nearest
+folder."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +27,15 @@ def atomic_write_text(path: str, text: str, mode: int = 0o644, makedirs: bool = 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def listed(directory: str) -> list:
+    """The names in ``directory``, sorted; a missing or unreadable folder lists nothing (the
+    callers read optional metadata folders, whose absence is normal)."""
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
 
 
 def files_with_suffix(directory: str, suffix: str, recursive: bool = False) -> list:

@@ -45,7 +45,8 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import 
     repo_folder_name,
     validate_repo_id,
 )
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix, nearest_existing
+from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import (
+    files_with_suffix, listed, nearest_existing)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_locks import LockSet
 
 try:
@@ -351,11 +352,7 @@ class CacheLayout:
                     users.setdefault(os.path.basename(target), "snapshot %s links to it (%s)"
                                      % (rel[0][:12], rel[-1].replace(os.sep, "/")))
         directory = os.path.join(self.meta_root, "modelswap")
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            names = []
-        for name in names:
+        for name in listed(directory):
             other = name[:-5]
             if not name.endswith(".json") or other == commit or not COMMIT_RE.match(other):
                 continue

@@ -154,12 +154,19 @@ def served_revision(run, hub, repo_id, files):
     return commit
 
 
+def served_and_newer(run, hub, repo_id, changes):
+    """Revision A fetched and verified (the served one), then B = A with `changes` published:
+    (A's commit, B's files, B's commit)."""
+    served = served_revision(run, hub, repo_id, FILES)
+    newer = dict(FILES, **changes)
+    return served, newer, hub.publish(repo_id, newer)
+
+
 def test_a_wrong_etag_equal_to_a_served_blob_leaves_the_served_revision_whole(run, local_hub, tmp_path):
     repo_id = "evil/collide"
     cache = tmp_path / "cache"
-    served = served_revision(run, local_hub, repo_id, FILES)
-    newer = dict(FILES, **{"config.json": b'{"architectures": ["Other"]}\n'})
-    commit_b = local_hub.publish(repo_id, newer)
+    served, newer, commit_b = served_and_newer(run, local_hub, repo_id,
+                                               {"config.json": b'{"architectures": ["Other"]}\n'})
     # B's small (non-LFS) config.json always arrives under the ETag of A's config.json blob
     local_hub.fault("wrong_etag", method="HEAD", repo=repo_id, file="config.json",
                     like=f"{served}:config.json", count=None)
@@ -182,10 +189,9 @@ def test_a_wrong_etag_equal_to_a_served_blob_leaves_the_served_revision_whole(ru
 def test_same_content_under_a_random_wrong_etag_leaves_the_served_revision_whole(run, local_hub, tmp_path):
     repo_id = "evil/same-content"
     cache = tmp_path / "cache"
-    served = served_revision(run, local_hub, repo_id, FILES)
     # B keeps config.json as it is (same blob as A's) and changes another file
-    newer = dict(FILES, **{"tokenizer.json": b'{"model": {"vocab": {"a": 1}}}\n'})
-    commit_b = local_hub.publish(repo_id, newer)
+    served, _, commit_b = served_and_newer(run, local_hub, repo_id,
+                                          {"tokenizer.json": b'{"model": {"vocab": {"a": 1}}}\n'})
     local_hub.fault("wrong_etag", method="HEAD", repo=repo_id, file="config.json", count=None)
     r = run(repo_id, revision=commit_b)
     assert r["failed"] is True and r["cause"] == "corrupt", r["msg"]

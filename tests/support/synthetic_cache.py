@@ -26,6 +26,13 @@ W2 = dict(W1, **{"config.json": b'{"a": 2}'})
 W3 = {"config.json": b'{"c": 3}', "model.safetensors": b"X" * 20000}
 
 
+def add_two_repos(cache_dir) -> None:
+    """org/one at A (no ref) and B (main), sharing two blobs; org/two at C (main)."""
+    add_revision(cache_dir, "org/one", A, W1, refs=())
+    add_revision(cache_dir, "org/one", B, W2, refs=("main",))
+    add_revision(cache_dir, "org/two", C, W3)
+
+
 def incompressible(seed: str, size: int) -> bytes:
     """Deterministic incompressible bytes (a model file's stand-in that no layer can compress)."""
     out = bytearray()

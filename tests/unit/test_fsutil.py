@@ -1,4 +1,4 @@
-"""Shared file-system helpers: atomic writes and suffix scans."""
+"""Shared file-system helpers: atomic writes, folder listings and suffix scans."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import (
-    atomic_write_text, files_with_suffix, nearest_existing)
+    atomic_write_text, files_with_suffix, listed, nearest_existing)
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +49,11 @@ def test_nearest_existing_is_the_path_or_its_closest_parent(tmp_path):
     assert nearest_existing(str(tmp_path / "a")) == str(tmp_path / "a")
     assert nearest_existing(str(tmp_path / "a" / "b" / "c")) == str(tmp_path / "a")
     assert nearest_existing("/") == "/"
+
+
+def test_listed_sorts_names_and_lists_nothing_for_a_missing_or_unreadable_folder(tmp_path):
+    for name in ("b.json", "a.json", "c"):
+        (tmp_path / name).write_text("")
+    assert listed(str(tmp_path)) == ["a.json", "b.json", "c"]
+    assert listed(str(tmp_path / "missing")) == []
+    assert listed(str(tmp_path / "a.json")) == []        # a file, not a folder

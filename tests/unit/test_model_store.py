@@ -14,7 +14,7 @@ from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from tests.support import synthetic_cache as sc
-from tests.support.synthetic_cache import A, B, C, W1, W2, W3
+from tests.support.synthetic_cache import A, B, C, W1, W2
 
 pytestmark = pytest.mark.unit
 
@@ -37,9 +37,7 @@ def build(tmp_path):
     cache = tmp_path / "hub"
     models = tmp_path / "models"
     models.mkdir()
-    sc.add_revision(cache, "org/one", A, W1, refs=())
-    sc.add_revision(cache, "org/one", B, W2, refs=("main",))
-    sc.add_revision(cache, "org/two", C, W3)
+    sc.add_two_repos(cache)
     sc.add_orphan(cache, "org/two", "f" * 64, 5000)
     sc.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000, "sub/c.json": b"{}"})
     return cache, models

@@ -37,9 +37,7 @@ def build(tmp_path):
     cache = tmp_path / "hub"
     models = tmp_path / "models"
     models.mkdir()
-    sc.add_revision(cache, "org/one", A, W1, refs=())
-    sc.add_revision(cache, "org/one", B, W2, refs=("main",))
-    sc.add_revision(cache, "org/two", C, W3)
+    sc.add_two_repos(cache)
     for commit in (A, B):
         for sub in ("trees", "modelswap"):
             (cache / ONE / sub).mkdir(exist_ok=True)
