@@ -78,8 +78,8 @@ attributes:
     support: full
     platforms: posix
 notes:
-  - vLLM protects only C(/v1) routes with its API key; C(/metrics) and C(/version) are read
-    without it.
+  - C(/metrics) and C(/version) are read without the key; vLLM's own key check leaves them open,
+    and so does the vllm_service role's route guard (its open probes).
 author:
   - modelswap engineers (@modelswap)
 """
@@ -89,7 +89,7 @@ EXAMPLES = r"""
   modelswap.vllm.benchmark_probe:
     url: http://10.0.0.5:8000
     model: kimi-k2.5
-    api_key: "{{ vllm_api_key }}"
+    api_key: "{{ vllm_service_api_key }}"   # the key the vllm_service role set
     calibration_text: "{{ role_path }}/files/prompts.txt"
     input_tokens: 1024
     output_tokens: 128

@@ -222,7 +222,7 @@ EXAMPLES = r"""
   modelswap.vllm.benchmark_run:
     url: http://10.0.0.5:8000
     model: kimi-k2.5
-    api_key: "{{ vllm_api_key }}"
+    api_key: "{{ vllm_service_api_key }}"   # the key the vllm_service role set
     concurrency: [1, 8, 32, 128, 256, 512, 1024]
     prompt_source: "{{ role_path }}/files/prompts.txt"
     locustfile: "{{ role_path }}/files/locustfile.py"

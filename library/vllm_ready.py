@@ -164,7 +164,7 @@ EXAMPLES = r"""
   modelswap.vllm.vllm_ready:
     port: 8000
     served_model_name: kimi-k2.5
-    api_key: "{{ vllm_api_key }}"
+    api_key: "{{ vllm_service_api_key }}"   # the key the vllm_service role set
     unit: vllm.service
     model_path: /var/lib/modelswap/hf/hub/models--moonshotai--Kimi-K2.5/snapshots/0123456789abcdef0123456789abcdef01234567
     parallel_size: 8

@@ -8,7 +8,9 @@ role) is ``{"model": name, "repo_id": ..., "commit": ..., "path": ..., "previous
 The unit's ExecStart comes from ``systemctl show`` (``{ path=... ; argv[]=vllm serve X ... ; }``)
 or from the unit file's ``ExecStart=`` line. Either names the model by path or by repo id.
 
-Pure functions; the modules do the reading.
+Parsing is pure (argv, ExecStart, the record's JSON) and unit-tested directly;
+``read_deployment_record`` and ``read_unit`` read the host (``read_unit`` runs systemctl through
+the module it is given).
 """
 from __future__ import annotations
 
