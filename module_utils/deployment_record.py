@@ -98,8 +98,8 @@ def normalize(deployment) -> dict:
 
 def options_problem(mode: str, saved_files, saved_dir) -> str:
     """Why the deployment_record module's options are unusable (naming the option), or ''."""
-    for option, value in [("mode", mode)] + [("saved_files %s mode" % f["name"], f["mode"])
-                                              for f in saved_files]:
+    modes = [("mode", mode)] + [("saved_files %s mode" % f["name"], f["mode"]) for f in saved_files]
+    for option, value in modes:
         try:
             bits = int(value, 8)
         except (TypeError, ValueError):

@@ -27,7 +27,6 @@ from tests.support.synthetic_cache import incompressible as blob
 pytestmark = pytest.mark.hub
 
 
-
 FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 128}\n',
     "tokenizer.json": b'{"model": {"vocab": {}}}\n' * 200,

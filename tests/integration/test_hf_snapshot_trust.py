@@ -190,8 +190,8 @@ def test_same_content_under_a_random_wrong_etag_leaves_the_served_revision_whole
     repo_id = "evil/same-content"
     cache = tmp_path / "cache"
     # B keeps config.json as it is (same blob as A's) and changes another file
-    served, _, commit_b = served_and_newer(run, local_hub, repo_id,
-                                          {"tokenizer.json": b'{"model": {"vocab": {"a": 1}}}\n'})
+    served, _, commit_b = served_and_newer(
+        run, local_hub, repo_id, {"tokenizer.json": b'{"model": {"vocab": {"a": 1}}}\n'})
     local_hub.fault("wrong_etag", method="HEAD", repo=repo_id, file="config.json", count=None)
     r = run(repo_id, revision=commit_b)
     assert r["failed"] is True and r["cause"] == "corrupt", r["msg"]

@@ -19,7 +19,6 @@ from tests.support.synthetic_cache import A, B, C, W1, W2
 pytestmark = pytest.mark.unit
 
 
-
 def tree_usage(*roots) -> int:
     """Allocated bytes of the distinct inodes under ``roots`` (what du counts)."""
     seen, total = set(), 0

@@ -87,8 +87,8 @@ PLANS = [
 
 
 @pytest.mark.parametrize("folder,commits,dirs,planned", [p[1:] for p in PLANS], ids=[p[0] for p in PLANS])
-def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(tmp_path, folder, commits, dirs,
-                                                                     planned):
+def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(
+        tmp_path, folder, commits, dirs, planned):
     cache, models = build(tmp_path)
     store = ms.scan_store(str(cache), str(models))
     plan = plan_for(store, folder, commits, dirs)
