@@ -76,17 +76,16 @@ options:
     description: Draw the PNG plots (needs matplotlib on the controller).
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Computes the report and returns its summary; writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 requirements:

@@ -197,18 +197,17 @@ options:
         C(1 / tolerance) times the step's E2E latency; settings that let a window close earlier
         (O(min_requests_per_user), O(max_requests_per_step)) are named in RV(window_warnings).
     type: float
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Validates and returns the plan and its bounds; starts no load and writes nothing. In check
         mode the window warnings are also issued as warnings.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 requirements:

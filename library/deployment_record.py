@@ -82,19 +82,18 @@ options:
         description: Permissions of the saved copy.
         type: str
         default: "0600"
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Predicts C(changed) and the diff; writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details:
       - The record before and after, as JSON.
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 seealso:

@@ -30,27 +30,11 @@ description:
   - The cache scan is a single C(os.scandir) walk, several times faster than
     C(huggingface_hub.scan_cache_dir) on big caches (see tests/bench/bench_disk_plan.py).
 options:
-  cache_dir:
-    description:
-      - The Hugging Face hub cache (the folder holding C(models--org--name) folders, e.g.
-        C(~/.cache/huggingface/hub)). The target is planned into it.
-      - At least one of O(cache_dir) and O(models_dir) is required.
-    type: path
-  models_dir:
-    description:
-      - A folder whose sub-directories are plain model directories (each a candidate as a whole).
-      - When O(cache_dir) is not set, the target is planned onto this folder's file system.
-    type: path
-  models:
-    description:
-      - The model catalog (C(modelswap_models)), name to C({repo_id, revision, allow_patterns,
-        ignore_patterns, ...}). O(target), O(keep), O(served) and catalog names in O(candidates)
-        are looked up in it.
-    type: dict
-    default: {}
   target:
     description:
       - Catalog name of the model to make room for. It is protected from purging.
+      - It is planned into O(cache_dir), or onto the file system of O(models_dir) when O(cache_dir)
+        is not set.
       - One of O(target) and O(target_bytes) is required.
     type: str
   target_bytes:
@@ -80,35 +64,6 @@ options:
         (C(5%)) or a size (C(20GiB), C(20G) binary, C(20GB) decimal, or bytes).
     type: str
     default: "5%"
-  keep:
-    description:
-      - Catalog names never to purge (fallback models).
-    type: list
-    elements: str
-    default: []
-  served:
-    description:
-      - Catalog name of the model the host serves, in addition to what O(deployment_record) and
-        O(vllm_unit) say. Protected like them.
-    type: str
-  deployment_record:
-    description:
-      - The host's deployment record (JSON with C(model), C(repo_id), C(commit), C(path)), written by
-        the vllm_service role. A missing file is fine; a malformed one is an error.
-    type: path
-    default: /var/lib/modelswap/deployment.json
-  vllm_unit:
-    description:
-      - The systemd unit that runs vLLM. The model in its C(ExecStart) is protected as served.
-        Empty to skip.
-    type: str
-    default: vllm.service
-  protect_paths:
-    description:
-      - Extra paths never to purge (and whatever contains them).
-    type: list
-    elements: path
-    default: []
   candidates:
     description:
       - What may be purged, in this order. Each is a catalog name (its pinned revision), a repo id
@@ -138,12 +93,6 @@ options:
       - Fail when the verdict is C(does_not_fit) (the plan is still returned).
     type: bool
     default: false
-  scan_workers:
-    description:
-      - Threads that scan cache repos. One is fastest on a warm page cache; more help on a cold cache
-        of a slow or network disk (measured, 50k files cold, 8 threads - 7.1 s down to 4.0 s).
-    type: int
-    default: 1
   allow_missing_store:
     description:
       - Plan a O(cache_dir) or O(models_dir) that does not exist yet as empty, on the file system of
@@ -152,14 +101,18 @@ options:
         is not planned as an empty store.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - modelswap.vllm.store
 attributes:
   check_mode:
-    description: Can run in check mode and return the same result without changing the target.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
-    description: Returns no diff; it changes nothing.
     support: none
+  platform:
+    support: full
+    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 on the host, only to list the target's files on the Hub (not needed with
     O(target_bytes) or when the cache already holds the pinned revision's tree listing).

@@ -146,20 +146,19 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - Reading, judging and waiting run as usual (they change nothing); /dev/shm files that
         would be removed are listed in RV(shm.removed) and none is removed.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details:
       - Shows the /dev/shm leftovers before and after the cleanup.
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 notes:

@@ -155,22 +155,25 @@ options:
   record_name:
     description: The catalog name under which O(record) notes this snapshot.
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the changed status prediction without modifying the target.
     support: full
     details:
       - A dry run. Resolves the revision and lists the files (Hub metadata, or the cache), then returns the
         files and bytes that would be fetched and predicts C(changed). One C(HEAD) request checks access to a
         file that would be fetched; no file content is transferred and nothing is written.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
     details: The manifest before and after (one line per file).
   async:
     description: Supports being used with the C(async) keyword.
     support: full
     details: Meant to run with C(async) and C(poll=0) for long downloads, polled with hf_snapshot_progress.
+  platform:
+    support: full
+    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 (2.x tested) in the Python that runs the module, on the managed host.
 notes:

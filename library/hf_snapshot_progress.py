@@ -32,14 +32,17 @@ options:
   results_file:
     description: The async job's results file (C(results_file) of the task started with C(poll=0)).
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the same result without changing the target.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
-    description: Returns no diff; it changes nothing.
     support: none
+  platform:
+    support: full
+    platforms: posix
 seealso:
   - module: modelswap.vllm.hf_snapshot
 author:

@@ -44,55 +44,16 @@ options:
     type: list
     elements: str
     default: []
-  cache_dir:
-    description:
-      - The Hugging Face hub cache. At least one of O(cache_dir) and O(models_dir) is required.
-    type: path
-  models_dir:
-    description:
-      - A folder whose sub-directories are plain model directories.
-    type: path
   roots:
     description:
       - Folders deletions must stay inside (compared after resolving symlinks). A root itself is never
         deleted. Defaults to O(cache_dir) and O(models_dir).
     type: list
     elements: path
-  models:
-    description:
-      - The model catalog (C(modelswap_models)) to resolve catalog names.
-    type: dict
-    default: {}
   target:
     description:
       - Catalog name of the model being deployed; protected.
     type: str
-  keep:
-    description:
-      - Catalog names never to delete.
-    type: list
-    elements: str
-    default: []
-  served:
-    description:
-      - Catalog name of the served model, in addition to what the record and the unit say.
-    type: str
-  deployment_record:
-    description:
-      - The host's deployment record (JSON with C(model), C(repo_id), C(commit), C(path)).
-    type: path
-    default: /var/lib/modelswap/deployment.json
-  vllm_unit:
-    description:
-      - The systemd unit that runs vLLM; the model in its C(ExecStart) is protected. Empty to skip.
-    type: str
-    default: vllm.service
-  protect_paths:
-    description:
-      - Extra paths never to delete (and whatever contains them).
-    type: list
-    elements: path
-    default: []
   allow_served_purge:
     description:
       - Allow deleting the served model (downtime). Still refused while its vLLM unit runs, while
@@ -116,21 +77,19 @@ options:
       - Delete lock files (and lock folders of repos no longer cached) that nobody holds.
     type: bool
     default: true
-  scan_workers:
-    description:
-      - Threads that scan cache repos. One is fastest on a warm page cache; more help on a cold cache
-        of a slow or network disk (measured, 50k files cold, 8 threads - 7.1 s down to 4.0 s).
-    type: int
-    default: 1
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - modelswap.vllm.store
 attributes:
   check_mode:
-    description: Can run in check mode and return the same result without changing the target.
     support: full
     details: Lists what would go and the bytes it would free; touches nothing.
   diff_mode:
-    description: Returns the store's contents before and after in diff mode.
     support: full
     details: Before and after listings of the store (one line per revision, directory, partial file).
+  platform:
+    support: full
+    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 on the host when Hugging Face cache items are deleted.
 notes:

@@ -16,13 +16,16 @@ description:
   - Used to prove that modules and their shared helpers resolve the same way from this
     repository and from an installed C(modelswap.vllm) collection.
 options: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return the same result without changing the target.
     support: full
   diff_mode:
-    description: Returns no diff; it changes nothing.
     support: none
+  platform:
+    support: full
+    platforms: posix
 author:
   - modelswap engineers (@modelswap)
 """

@@ -11,6 +11,7 @@ header.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -45,8 +46,27 @@ def parsed(name: str) -> tuple[dict, dict]:
     return blocks, groups
 
 
+def fragment(fqcn: str) -> dict:
+    """A documentation fragment's DOCUMENTATION (``ns.coll.name`` or ``ns.coll.name.VARIANT``):
+    the collection's own from plugins/doc_fragments/, ansible-core's from its package."""
+    ns, coll, name, *variant = fqcn.split(".")
+    if (ns, coll) == ("modelswap", "vllm"):
+        module = importlib.import_module(f"ansible_collections.modelswap.vllm.plugins.doc_fragments.{name}")
+    else:
+        assert (ns, coll) == ("ansible", "builtin"), f"a fragment this test cannot load: {fqcn}"
+        module = importlib.import_module(f"ansible.plugins.doc_fragments.{name}")
+    return yaml.safe_load(getattr(module.ModuleDocFragment, variant[0].upper() if variant else "DOCUMENTATION"))
+
+
 def doc(name: str) -> dict:
-    return yaml.safe_load(parsed(name)[0]["DOCUMENTATION"])
+    """DOCUMENTATION with its fragments merged the way ansible-doc does (the module's keys win)."""
+    documentation = yaml.safe_load(parsed(name)[0]["DOCUMENTATION"])
+    for fqcn in documentation.get("extends_documentation_fragment") or []:
+        for key, entries in fragment(fqcn).items():
+            own = documentation.setdefault(key, {})
+            for entry, value in entries.items():
+                own[entry] = {**value, **own.get(entry, {})}
+    return documentation
 
 
 def is_template(value) -> bool:
