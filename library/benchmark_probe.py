@@ -24,6 +24,8 @@ description:
     concurrency gauges.
   - With O(input_tokens) and O(output_tokens) it fails when prompt plus output exceed the
     server's context length.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   url:
     description: Base URL of the server, without C(/v1), e.g. C(http://10.0.0.5:8000).
@@ -64,8 +66,6 @@ options:
   output_tokens:
     description: The benchmark's output length in tokens (checked against C(max_model_len)).
     type: int
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -28,6 +28,8 @@ description:
   - Writes O(run_dir)C(/report.json) (versioned schema C(modelswap.benchmark/v1)),
     C(steps.csv), C(report.md) and the plots C(throughput.png) and C(latency.png); a file whose
     content would not change is not rewritten.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   run_dir:
     description: The run's folder (it holds C(raw/)); the report is written here.
@@ -76,8 +78,6 @@ options:
     description: Draw the PNG plots (needs matplotlib on the controller).
     type: bool
     default: true
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

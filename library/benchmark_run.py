@@ -28,6 +28,8 @@ description:
     match the records.
   - One load process by default; O(processes) forks Locust workers on this host
     (C(--processes)); O(expect_workers) makes this a Locust master for workers on other hosts.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   url:
     description: Base URL of the server, without C(/v1).
@@ -197,8 +199,6 @@ options:
         C(1 / tolerance) times the step's E2E latency; settings that let a window close earlier
         (O(min_requests_per_user), O(max_requests_per_step)) are named in RV(window_warnings).
     type: float
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

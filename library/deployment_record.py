@@ -20,6 +20,8 @@ description:
   - Keys that other writers own, such as C(fetched) (model_fetch), are kept. Every write holds
     the record's lock (C(<path>.lock), shared with model_fetch) and replaces the file atomically.
   - O(state=read) only reads it.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   path:
     description:
@@ -82,8 +84,6 @@ options:
         description: Permissions of the saved copy.
         type: str
         default: "0600"
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -29,6 +29,9 @@ description:
     downtime it implies; it is proposed only with O(allow_served_purge=true).
   - The cache scan is a single C(os.scandir) walk, several times faster than
     C(huggingface_hub.scan_cache_dir) on big caches (see tests/bench/bench_disk_plan.py).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - modelswap.vllm.store
 options:
   target:
     description:
@@ -101,9 +104,6 @@ options:
         is not planned as an empty store.
     type: bool
     default: false
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - modelswap.vllm.store
 attributes:
   check_mode:
     support: full

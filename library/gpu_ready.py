@@ -34,6 +34,8 @@ description:
     (O(require_gpus), O(min_gpus) > 0 or a parallel size).
   - NVML errors become messages that say what to do (driver/library version mismatch, no
     permission, GPU lost, ...).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   devices:
     description:
@@ -146,8 +148,6 @@ options:
     type: list
     elements: str
     default: []
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -39,6 +39,8 @@ description:
     deleted. Every deletion of a bad file is confined to the repository folder (or the O(local_dir)),
     symlinks resolved, and never removes a blob that another snapshot links to or that another commit's
     verified manifest lists.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   repo_id:
     description: The repository, C(org/name).
@@ -155,8 +157,6 @@ options:
   record_name:
     description: The catalog name under which O(record) notes this snapshot.
     type: str
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -19,6 +19,8 @@ description:
     mistaken for it), or when the Ansible async job's results file (O(results_file)) holds a result.
   - Meant for a polling loop (C(loop) with C(loop_control.pause) and C(break_when)); the model_fetch role
     prints one line per host per interval this way, then collects the result with C(async_status).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   path:
     description: The progress file (hf_snapshot's O(modelswap.vllm.hf_snapshot#module:progress_file)).
@@ -32,8 +34,6 @@ options:
   results_file:
     description: The async job's results file (C(results_file) of the task started with C(poll=0)).
     type: path
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

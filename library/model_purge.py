@@ -34,6 +34,9 @@ description:
   - Check mode returns the list and the bytes that would be freed, and a diff of the store's
     contents. A real run reports the bytes actually freed, measured on the file system
     (C(statvfs)); a second run reports C(changed=false).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - modelswap.vllm.store
 options:
   items:
     description:
@@ -77,9 +80,6 @@ options:
       - Delete lock files (and lock folders of repos no longer cached) that nobody holds.
     type: bool
     default: true
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
-  - modelswap.vllm.store
 attributes:
   check_mode:
     support: full

@@ -25,6 +25,8 @@ description:
     for compilation unless O(enforce_eager).
   - With O(state=stopped), waits until no process of O(unit) is left and nothing listens on the
     port, so a new server can start without sharing the port or memory with the old one.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   state:
     description:
@@ -133,8 +135,6 @@ options:
         says RV(ready=false) and why.
     type: bool
     default: true
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -22,6 +22,8 @@ description:
     layout under O(cache_dir).
   - Role-private in spirit (the C(vllm_service) role's validate step) but usable alone, e.g. by a
     status playbook.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   unit:
     description:
@@ -93,8 +95,6 @@ options:
     type: list
     elements: path
     default: []
-extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
