@@ -14,9 +14,10 @@ the module it is given).
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
+
+from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as record_file
 
 
 class ServedError(Exception):
@@ -27,22 +28,18 @@ RECORD_KEYS = ("model", "repo_id", "commit", "path")
 
 
 def read_deployment_record(path: str):
-    """The record as a dict, None when the file does not exist; ServedError when malformed."""
+    """What the record says is served (its RECORD_KEYS), None when the file does not exist or
+    notes only fetched models; ServedError when it is unreadable, malformed or names no model.
+    The file's reading and shape rules are deployment_record.read's (one reader of the record)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
+        data = record_file.read(path)
+    except record_file.RecordError as exc:
+        raise ServedError("%s (the served model must be known)" % exc)
+    if data is None:
         return None
-    except OSError as exc:
-        raise ServedError("cannot read the deployment record %s: %s" % (path, exc.strerror))
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ServedError("the deployment record %s is not valid JSON (%s); fix or remove it so "
-                          "the served model is known" % (path, exc))
-    if isinstance(data, dict) and not any(data.get(k) for k in RECORD_KEYS) and "fetched" in data:
+    if not any(data.get(k) for k in RECORD_KEYS) and "fetched" in data:
         return None     # models fetched (model_fetch notes them) but none deployed yet
-    if not isinstance(data, dict) or not any(data.get(k) for k in RECORD_KEYS):
+    if not any(data.get(k) for k in RECORD_KEYS):
         raise ServedError("the deployment record %s names no model (expected keys %s)"
                           % (path, ", ".join(RECORD_KEYS)))
     return {k: data.get(k) for k in RECORD_KEYS}
