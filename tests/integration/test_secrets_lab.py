@@ -223,8 +223,7 @@ def scan(lab, tmp_path_factory):
         run = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(labctl.REPO),
             playbook=str(labctl.REPO / "playbooks" / "migrate.yml"), inventory=str(inventory),
-            extravars={"modelswap_serve": MODEL, "modelswap_results_dir": str(results / "runs"),
-                       "benchmark_results_dir": str(results / "benchmark")},
+            extravars={"modelswap_serve": MODEL, "modelswap_results_dir": str(results)},
             verbosity=3, quiet=True, timeout=RUN_LIMIT_S,
             envvars={"ANSIBLE_CONFIG": str(labctl.REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
                      "ANSIBLE_HOST_KEY_CHECKING": "True"})
