@@ -265,13 +265,10 @@ timings:
   type: dict
 """
 
-import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_files
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
     STORE_ARGS,
@@ -282,6 +279,18 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store_context impor
 )
 
 ACTION = "disk_plan"
+
+
+def orphan_in_use(store):
+    """in_use(orphan) for dp.orphan_table: a lock of its repo is held, or its blob's lock is not free."""
+    busy_by_repo = {}
+
+    def in_use(orphan):
+        lock_dir = store_locks.lock_dir(store.cache_dir, orphan.folder)
+        if orphan.folder not in busy_by_repo:
+            busy_by_repo[orphan.folder] = store_locks.busy_locks(lock_dir)
+        return bool(busy_by_repo[orphan.folder]) or store_locks.probe(lock_dir + "/" + orphan.etag + ".lock") is not False
+    return in_use
 
 
 def main():
@@ -301,6 +310,7 @@ def main():
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
                            required_one_of=[("cache_dir", "models_dir"), ("target", "target_bytes")])
     p = module.params
+    timings = {}
 
     def fail(msg, **extra):
         module.fail_json(msg="%s: %s" % (ACTION, msg), **extra)
@@ -308,145 +318,44 @@ def main():
     if p["target_bytes"] is not None and p["target_bytes"] < 0:
         fail("target_bytes %d is negative: give the bytes the target needs (0 or more)" % p["target_bytes"])
     try:
+        # read: the options, the store, its file system, the target's files
         rate = dp.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
-    except dp.PlanError as exc:
-        fail(str(exc))
-    timings = {}
-    store, timings["scan_s"] = scan(module, ACTION)
-    fs = fs_info(store_fs_path(module, store))
-    try:
+        store, timings["scan_s"] = scan(module, ACTION)
+        fs = fs_info(store_fs_path(module, store))
         headroom = dp.parse_headroom(p["headroom"], fs["total_bytes"])
-    except dp.PlanError as exc:
-        fail(str(exc))
-
-    # target
-    target = {"name": p["target"], "repo_id": None, "revision": None, "commit": None}
-    entry = None
-    if p["target"]:
-        try:
-            entry = dp.catalog_entry(p["models"], p["target"], "target")
-        except dp.PlanError as exc:
-            fail(str(exc))
-        target.update(repo_id=entry["repo_id"], revision=entry["revision"])
-    started = time.monotonic()
-    listed_files = []
-    if p["target_bytes"] is not None:
-        target.update(source="explicit", files=None, total_bytes=p["target_bytes"], cached_bytes=0,
-                      missing_files=None, download_bytes=p["target_bytes"],
-                      needed_bytes=p["target_bytes"], metadata_bytes=0)
-        if entry is not None and ms.COMMIT_RE.match(entry["revision"]):
-            target["commit"] = entry["revision"]
-    else:
-        try:
-            listed = hub_files.target_files(
+        entry = dp.catalog_entry(p["models"], p["target"], "target") if p["target"] else None
+        started = time.monotonic()
+        listed = None
+        if p["target_bytes"] is None:
+            listed = dp.list_target(
                 entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=p["endpoint"],
                 token=p["token"], allow_patterns=entry["allow_patterns"],
                 ignore_patterns=entry["ignore_patterns"], http_endpoint_trusted=p["http_endpoint_trusted"])
-        except dp.PlanError as exc:
-            fail(str(exc))
-        listed_files = listed["files"]
-        target.update(commit=listed["commit"], source=listed["source"])
-        target.update(dp.target_needs(store, entry["repo_id"], listed["commit"], listed["files"],
-                                      fs["block_size"]))
-    timings["hub_s"] = time.monotonic() - started
-    started = time.monotonic()
-
-    state = host_state(module, store, ACTION, target_commit=target.get("commit") or "")
-    protections = state["protections"]
-    device = fs["device"]
-
-    # candidates
-    excluded = []
-    reuse = None
-    if entry is not None and target.get("commit") and listed_files:
-        reuse = (ms.repo_folder_name(entry["repo_id"]), {f["etag"] for f in listed_files})
-    if p["candidates"] is None:
-        items, excluded = dp.all_candidates(store, protections, device, reuse)
-        items = dp.order_lru(store, items)
-    else:
-        items = []
-        for text in p["candidates"]:
-            try:
-                item = dp.resolve_item(store, text, p["models"])
-            except dp.NotInStore as exc:
-                fail("candidate %s; remove it from candidates (nothing was changed)" % exc)
-            except dp.PlanError as exc:
-                fail("candidate %r: %s" % (text, exc))
-            if item.kind == "dir" and store.dirs[item.name].is_link:
-                fail("candidate %r is a symlink (to %s), not a model directory, and model_purge refuses "
-                     "it; name the directory itself or remove it from candidates"
-                     % (text, os.readlink(item.path)))
-            guard = dp.protecting(item, protections)
-            if guard is not None and not (guard.rule == "served" and p["allow_served_purge"]
-                                          and item in state["served_items"]):
-                fail("candidate %r is protected: it is %s (rule: %s); remove it from candidates"
-                     % (text, guard.label, guard.rule))
-            lost = dp.reused_bytes(store, item, reuse)
-            if lost:
-                fail("candidate %r holds %s of blobs the target %r reuses: purging it means downloading "
-                     "them again; remove it from candidates" % (text, ms.human_bytes(lost), p["target"]))
-            if dp.item_device(store, item) != device:
-                fail("candidate %r is on another file system than the target: purging it frees no "
-                     "room; remove it from candidates" % text)
-            if item not in items:
-                items.append(item)
-    served_items = [i for i in state["served_items"] if i not in items]
-
-    # orphans
-    orphan_rows, reclaimable = [], []
-    busy_by_repo = {}
-    for orphan in store.orphans:
-        if orphan.folder not in busy_by_repo:
-            busy_by_repo[orphan.folder] = store_locks.busy_locks(
-                store_locks.lock_dir(store.cache_dir, orphan.folder))
-        lock = store_locks.lock_dir(store.cache_dir, orphan.folder) + "/" + orphan.etag + ".lock"
-        in_use = bool(busy_by_repo[orphan.folder]) or store_locks.probe(lock) is not False
-        orphan_rows.append({"path": orphan.path, "repo_id": store.repos[orphan.folder].repo_id,
-                            "bytes": orphan.bytes, "size": orphan.size,
-                            "state": "in_use" if in_use else "reclaimable"})
-        if not in_use and dp.item_device(store, ms.Item("repo", folder=orphan.folder)) == device:
-            reclaimable.append(orphan)
-    target_label = repr(p["target"] or "the target")
-    plan = dp.make_plan(
-        store, fs, needed_bytes=target["needed_bytes"], headroom_bytes=headroom, candidates=items,
-        orphans=reclaimable if p["clean_orphans"] else [], served_items=served_items,
-        served_label=state["served_label"], target_label=target_label,
-        allow_served_purge=p["allow_served_purge"], download_rate=rate, models=p["models"])
+        target = dp.plan_target(entry, p["target"], p["target_bytes"], listed)
+        if listed is not None:
+            target.update(dp.target_needs(store, entry["repo_id"], listed["commit"], listed["files"],
+                                          fs["block_size"]))
+        timings["hub_s"] = time.monotonic() - started
+        started = time.monotonic()
+        state = host_state(module, store, ACTION, target_commit=target.get("commit") or "")
+        # plan
+        result = dp.disk_plan(
+            store, fs, state, target=target, listed_files=listed["files"] if listed else [],
+            candidates=p["candidates"], models=p["models"], headroom_bytes=headroom, download_rate=rate,
+            clean_orphans=p["clean_orphans"], allow_served_purge=p["allow_served_purge"],
+            orphan_in_use=orphan_in_use(store))
+    except dp.PlanError as exc:
+        fail(str(exc))
     timings["plan_s"] = time.monotonic() - started
-    result = dict(
-        changed=False,
-        verdict=plan["verdict"],
-        fits=plan["verdict"] != "does_not_fit",
-        reason=plan["reason"],
-        summary=dp.summary_line(plan),
-        filesystem={k: fs[k] for k in ("path", "total_bytes", "free_bytes", "available_bytes", "block_size")},
-        target=target,
-        headroom_bytes=headroom,
-        required_bytes=plan["required_bytes"],
-        shortfall_bytes=plan["shortfall_bytes"],
-        orphans={"reclaimable_bytes": sum(o.bytes for o in reclaimable),
-                 "in_use_bytes": sum(r["bytes"] for r in orphan_rows if r["state"] == "in_use"),
-                 "files": orphan_rows},
-        candidates=plan["candidates"],
-        purge=plan["purge"],
-        purge_bytes=plan["purge_bytes"],
-        purge_orphans=plan["purge_orphans"],
-        protected=[pr.as_dict() for pr in protections],
-        excluded=excluded,
-        served=state["served"],
-        served_purge=plan["served_purge"],
-        downtime=plan["downtime"],
-        store={"cache_dir": store.cache_dir, "models_dir": store.models_dir, "repos": len(store.repos),
-               "revisions": sum(len(r.revisions) for r in store.repos.values()),
-               "dirs": len(store.dirs), "warnings": store.warnings[:20]},
-        timings={k: round(v, 4) for k, v in timings.items()},
-    )
+    result["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    # result
     for repo in store.repos.values():
         for problem in repo.problems[:3]:
             module.warn("disk_plan: cache repo %s: %s" % (repo.repo_id, problem))
-    if p["fail_on_does_not_fit"] and plan["verdict"] == "does_not_fit":
+    if p["fail_on_does_not_fit"] and result["verdict"] == "does_not_fit":
         result.pop("changed")
-        module.fail_json(msg="disk_plan: %s does not fit on %s: %s" % (target_label, fs["path"], plan["reason"]),
+        module.fail_json(msg="disk_plan: %s does not fit on %s: %s" % (repr(p["target"] or "the target"),
+                                                                     fs["path"], result["reason"]),
                          changed=False, **result)
     module.exit_json(**result)
 

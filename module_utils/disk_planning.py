@@ -11,11 +11,11 @@ Used by the disk_plan and model_purge modules; unit-tested table-driven.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from dataclasses import dataclass
 
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
     COMMIT_RE,
     DeletionSimulator,
@@ -130,36 +130,6 @@ def entry_problems(name: str, entry) -> list:
         if value is not None and not (isinstance(value, list) and all(isinstance(p, str) for p in value)):
             problems.append("catalog entry %r: %s must be a list of glob strings" % (name, key))
     return problems
-
-
-# --------------------------------------------------------------------------------------------
-# patterns (huggingface_hub.utils.filter_repo_objects semantics)
-# --------------------------------------------------------------------------------------------
-def _norm_patterns(patterns):
-    if patterns is None:
-        return None
-    if isinstance(patterns, str):
-        patterns = [patterns]
-    out = []
-    for p in patterns:
-        p = p.replace("\\", "/")
-        out.append(p + "*" if p.endswith("/") else p)
-    return out
-
-
-def filter_paths(paths, allow_patterns=None, ignore_patterns=None) -> list:
-    """Paths kept by allow/ignore globs, exactly as snapshot_download filters them."""
-    allow = _norm_patterns(allow_patterns)
-    ignore = _norm_patterns(ignore_patterns)
-    kept = []
-    for path in paths:
-        p = path.replace("\\", "/")
-        if allow is not None and not any(fnmatch.fnmatchcase(p, a) for a in allow):
-            continue
-        if ignore is not None and any(fnmatch.fnmatchcase(p, i) for i in ignore):
-            continue
-        kept.append(path)
-    return kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,6 +422,46 @@ def order_lru(store, items) -> list:
 # --------------------------------------------------------------------------------------------
 # target
 # --------------------------------------------------------------------------------------------
+HUB_WAY_OUT = "or pass target_bytes to plan without the Hub"
+
+
+def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=None, token=None,
+                allow_patterns=None, ignore_patterns=None, http_endpoint_trusted: bool = False,
+                connect=hc.connect) -> dict:
+    """{"commit", "files", "source"}: the target's files after allow/ignore patterns, each
+    ``{"path", "size", "etag"}`` (``etag``: the name its blob gets in the cache).
+
+    A pinned commit with a cached tree listing needs no network (source ``tree_cache``);
+    otherwise hub_client resolves the revision (one request) and lists the commit (the tree cache
+    first, else one request: source ``hub``). Every failure is a PlanError.
+    """
+    roots = (hc.tree_root(cache_dir, repo_id),) if cache_dir else ()
+    listing = None
+    commit = revision if hc.is_commit(revision) else None
+    try:
+        if commit:   # a branch may have moved on the Hub: only a pinned commit is trusted offline
+            cached = hc.cached_listing(roots, repo_id, commit)
+            if cached is not None:
+                listing, source = cached[0], "tree_cache"
+        if listing is None:
+            hc.refuse_insecure(endpoint, bool(token), http_endpoint_trusted, "list %s@%s" % (repo_id, revision))
+            if not hc.HAS_HF:
+                raise PlanError("listing %s@%s needs huggingface_hub on the host; run the task with a "
+                                "Python that has it (the vLLM virtualenv) or pass target_bytes"
+                                % (repo_id, revision))
+            client = connect(repo_id, endpoint=endpoint, token=token, fetching=False)
+            commit = client.resolve(revision)
+            listing, source = client.listing(commit, roots)
+        chosen = hc.select(listing, allow_patterns, ignore_patterns, repo_id, commit) if listing else {}
+    except hc.HubError as exc:
+        if exc.kind in ("insecure_endpoint", "bad_listing", "no_match"):
+            raise PlanError(str(exc))
+        raise PlanError("%s; %s" % (exc, HUB_WAY_OUT))
+    files = [{"path": path, "size": e["size"], "etag": e.get("lfs_sha256") or e["blob_id"]}
+             for path, e in chosen.items()]
+    return {"commit": commit, "files": files, "source": source}
+
+
 def target_needs(store, repo_id: str, commit: str, files, block_size: int,
                  repo_type: str = "model") -> dict:
     """Bytes the target still needs: its files (dicts with path, size, etag) minus cached blobs.
@@ -720,3 +730,121 @@ def build_protections(store, *, models=None, target=None, target_commit: str = "
     served_label = repr(served_info["name"] or served_info["repo_id"] or served_info["path"] or "?")
     return {"protections": protections, "served_items": served_items, "served": served_info,
             "served_label": served_label, "target": target_info, "running": running}
+
+
+# --------------------------------------------------------------------------------------------
+# the whole plan (disk_plan's logic: the module reads the host, this decides)
+# --------------------------------------------------------------------------------------------
+def plan_target(entry, name, target_bytes, listed) -> dict:
+    """The target as disk_plan reports it, before its needs are added (``listed``: list_target's)."""
+    target = {"name": name, "repo_id": None, "revision": None, "commit": None}
+    if entry is not None:
+        target.update(repo_id=entry["repo_id"], revision=entry["revision"])
+    if target_bytes is not None:
+        target.update(source="explicit", files=None, total_bytes=target_bytes, cached_bytes=0,
+                      missing_files=None, download_bytes=target_bytes, needed_bytes=target_bytes,
+                      metadata_bytes=0)
+        if entry is not None and COMMIT_RE.match(entry["revision"]):
+            target["commit"] = entry["revision"]
+    else:
+        target.update(commit=listed["commit"], source=listed["source"])
+    return target
+
+
+def chosen_candidates(store, texts, *, models, protections, served_items, allow_served_purge: bool,
+                      reuse, device, target_name) -> list:
+    """The operator's candidates as store items, each checked; PlanError naming the first bad one."""
+    items = []
+    for text in texts:
+        try:
+            item = resolve_item(store, text, models)
+        except NotInStore as exc:
+            raise PlanError("candidate %s; remove it from candidates (nothing was changed)" % exc)
+        except PlanError as exc:
+            raise PlanError("candidate %r: %s" % (text, exc))
+        if item.kind == "dir" and store.dirs[item.name].is_link:
+            raise PlanError("candidate %r is a symlink (to %s), not a model directory, and model_purge refuses "
+                            "it; name the directory itself or remove it from candidates"
+                            % (text, os.readlink(item.path)))
+        guard = protecting(item, protections)
+        if guard is not None and not (guard.rule == "served" and allow_served_purge and item in served_items):
+            raise PlanError("candidate %r is protected: it is %s (rule: %s); remove it from candidates"
+                            % (text, guard.label, guard.rule))
+        lost = reused_bytes(store, item, reuse)
+        if lost:
+            raise PlanError("candidate %r holds %s of blobs the target %r reuses: purging it means downloading "
+                            "them again; remove it from candidates" % (text, human_bytes(lost), target_name))
+        if item_device(store, item) != device:
+            raise PlanError("candidate %r is on another file system than the target: purging it frees no "
+                            "room; remove it from candidates" % text)
+        if item not in items:
+            items.append(item)
+    return items
+
+
+def orphan_table(store, device, in_use) -> tuple:
+    """([row], [reclaimable orphan]): every orphaned partial download, ``in_use(orphan)`` saying
+    whether a download may still hold it; only those on the target's file system can be reclaimed."""
+    rows, reclaimable = [], []
+    for orphan in store.orphans:
+        busy = in_use(orphan)
+        rows.append({"path": orphan.path, "repo_id": store.repos[orphan.folder].repo_id,
+                     "bytes": orphan.bytes, "size": orphan.size, "state": "in_use" if busy else "reclaimable"})
+        if not busy and item_device(store, Item("repo", folder=orphan.folder)) == device:
+            reclaimable.append(orphan)
+    return rows, reclaimable
+
+
+def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candidates, models,
+              headroom_bytes: int, download_rate: int, clean_orphans: bool, allow_served_purge: bool,
+              orphan_in_use) -> dict:
+    """disk_plan's result (less ``timings``) from what the module read: the scanned store, the
+    file system, the host's state (host_state), the target (plan_target plus target_needs)."""
+    protections = state["protections"]
+    device = fs["device"]
+    excluded = []
+    reuse = None
+    if target.get("repo_id") and target.get("commit") and listed_files:
+        reuse = (repo_folder_name(target["repo_id"]), {f["etag"] for f in listed_files})
+    if candidates is None:
+        items, excluded = all_candidates(store, protections, device, reuse)
+        items = order_lru(store, items)
+    else:
+        items = chosen_candidates(store, candidates, models=models, protections=protections,
+                                  served_items=state["served_items"], allow_served_purge=allow_served_purge,
+                                  reuse=reuse, device=device, target_name=target["name"])
+    served_items = [i for i in state["served_items"] if i not in items]
+    orphan_rows, reclaimable = orphan_table(store, device, orphan_in_use)
+    target_label = repr(target["name"] or "the target")
+    plan = make_plan(
+        store, fs, needed_bytes=target["needed_bytes"], headroom_bytes=headroom_bytes, candidates=items,
+        orphans=reclaimable if clean_orphans else [], served_items=served_items,
+        served_label=state["served_label"], target_label=target_label,
+        allow_served_purge=allow_served_purge, download_rate=download_rate, models=models)
+    return dict(
+        changed=False,
+        verdict=plan["verdict"],
+        fits=plan["verdict"] != "does_not_fit",
+        reason=plan["reason"],
+        summary=summary_line(plan),
+        filesystem={k: fs[k] for k in ("path", "total_bytes", "free_bytes", "available_bytes", "block_size")},
+        target=target,
+        headroom_bytes=headroom_bytes,
+        required_bytes=plan["required_bytes"],
+        shortfall_bytes=plan["shortfall_bytes"],
+        orphans={"reclaimable_bytes": sum(o.bytes for o in reclaimable),
+                 "in_use_bytes": sum(r["bytes"] for r in orphan_rows if r["state"] == "in_use"),
+                 "files": orphan_rows},
+        candidates=plan["candidates"],
+        purge=plan["purge"],
+        purge_bytes=plan["purge_bytes"],
+        purge_orphans=plan["purge_orphans"],
+        protected=[pr.as_dict() for pr in protections],
+        excluded=excluded,
+        served=state["served"],
+        served_purge=plan["served_purge"],
+        downtime=plan["downtime"],
+        store={"cache_dir": store.cache_dir, "models_dir": store.models_dir, "repos": len(store.repos),
+               "revisions": sum(len(r.revisions) for r in store.repos.values()),
+               "dirs": len(store.dirs), "warnings": store.warnings[:20]},
+    )

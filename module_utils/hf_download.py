@@ -37,8 +37,8 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
-from ansible_collections.modelswap.vllm.plugins.module_utils.disk_planning import filter_paths
 from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
     COMMIT_RE,
     StoreError,
@@ -56,9 +56,8 @@ except (ImportError, ValueError):  # pragma: no cover
 
 REPO_LOCK_NAME = "modelswap.lock"                 # in <cache>/.locks/<repo folder>/
 LOCAL_LOCK_NAME = ".modelswap-download.lock"       # in <local_dir>/.cache/huggingface/download/
-DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_ENDPOINT = hc.DEFAULT_ENDPOINT
 _CONTENTION = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
-_TRANSIENT_STATUS = (408, 425, 429, 500, 502, 503, 504)
 MAX_BACKOFF_S = 60.0
 CHUNK_SIZE = 1024 * 1024
 
@@ -70,6 +69,11 @@ class FetchError(Exception):
         super().__init__(msg)
         self.cause = cause
         self.transient = transient
+
+    @classmethod
+    def from_hub(cls, err: hc.HubError) -> "FetchError":
+        """The job's error for a HubError (its kind is the cause)."""
+        return cls(str(err), err.kind, err.transient)
 
 
 class Cancelled(Exception):
@@ -159,65 +163,11 @@ class _LibraryLog(logging.Handler):
 # --------------------------------------------------------------------------------------------
 # errors
 # --------------------------------------------------------------------------------------------
-def _chain(exc):
-    seen = []
-    while exc is not None and exc not in seen and len(seen) < 8:
-        seen.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    return seen
-
-
 def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: bool,
              what: str, dest: str = "") -> FetchError:
-    """A FetchError for an exception raised by huggingface_hub while doing ``what``."""
-    errors = getattr(hf, "errors", None)
-
-    def isa(e, name):
-        cls = getattr(errors, name, None) if errors is not None else None
-        return cls is not None and isinstance(e, cls)
-
-    for e in _chain(exc):
-        if isa(e, "GatedRepoError"):
-            who = "the token given has no access to it" if token_given else "no token was given"
-            return FetchError(
-                "%s: %s is a gated repository on %s and %s; accept its access conditions on the Hub "
-                "with an account and pass that account's token (option token; in the role "
-                "model_fetch_token)" % (what, repo_id, where, who), "gated")
-        if isa(e, "RevisionNotFoundError"):
-            return FetchError(
-                "%s: revision %r of %s was not found on %s; pin an existing commit, branch or tag "
-                "(the catalog's revision)" % (what, revision, repo_id, where), "revision_not_found")
-        if isa(e, "RepositoryNotFoundError"):
-            return FetchError(
-                "%s: repository %s was not found on %s (HTTP %s); fix the repo id (the catalog's "
-                "repo_id) or the endpoint, or, for a private repository, pass a token with access"
-                % (what, repo_id, where, _status(e) or "404"), "repo_not_found")
-        if isa(e, "RemoteEntryNotFoundError"):
-            return FetchError(
-                "%s: the Hub %s lists the file but answered 404 for it; retry later (the listing "
-                "and the storage disagree)" % (what, where), "entry_not_found", transient=True)
-        if isa(e, "OfflineModeIsEnabled"):
-            return FetchError(
-                "%s: the host is in offline mode (HF_HUB_OFFLINE=1 or offline=true) and the files "
-                "are not all on disk; run once with network access" % what, "offline")
-        if isa(e, "HfHubHTTPError"):
-            status = _status(e)
-            if status == 401:
-                return FetchError(
-                    "%s: %s refused the credentials (HTTP 401)%s; fix or renew the token"
-                    % (what, where, "" if token_given else ": the repository may be private"),
-                    "unauthorized")
-            if status == 403:
-                return FetchError(
-                    "%s: %s denied access to %s (HTTP 403); use a token with access to it"
-                    % (what, where, repo_id), "forbidden")
-            if status in _TRANSIENT_STATUS:
-                return FetchError(
-                    "%s: %s answered HTTP %d; the Hub is unavailable or overloaded: retry later "
-                    "(completed files are kept)" % (what, where, status), "hub_unavailable",
-                    transient=True)
-            return FetchError("%s: %s answered HTTP %s (%s)" % (what, where, status, _short(e)),
-                              "http_error")
+    """A FetchError for an exception raised while doing ``what``: the Hub's failures as
+    hub_client classifies them, this host's (a full disk, a folder it cannot write) here."""
+    def local(e):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return FetchError(
                 "%s: the disk is full (%s) under %s; free space (disk_plan proposes what to purge, "
@@ -228,29 +178,13 @@ def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: b
                 "%s: cannot write under %s (%s); make it writable for uid %d or choose another "
                 "destination" % (what, dest or "the destination", os.strerror(e.errno), os.getuid()),
                 "not_writable")
-        if isinstance(e, OSError) and "Consistency check failed" in str(e):
-            return FetchError("%s: the transfer from %s ended short (%s); retrying"
-                              % (what, where, _short(e)), "short_transfer", transient=True)
-        module = type(e).__module__ or ""
-        if module.startswith(("httpx", "httpcore", "requests", "urllib3")) or isinstance(
-                e, (ConnectionError, TimeoutError, socket.timeout)):
-            return FetchError(
-                "%s: cannot reach %s (%s: %s); check the endpoint, the network and proxies "
-                "(completed files are kept)" % (what, where, type(e).__name__, _short(e)),
-                "unreachable", transient=True)
-        if isinstance(e, ValueError) and "too large to be downloaded" in str(e):
-            return FetchError("%s: the file is over 50 GB, which the Hub serves only through xet; "
-                              "set use_xet=true and install hf_xet" % what, "needs_xet")
-    return FetchError("%s failed: %s: %s" % (what, type(exc).__name__, _short(exc)), "error")
+        return None
 
-
-def _status(exc):
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
-
-
-def _short(exc) -> str:
-    return " ".join(str(exc).split())[:300]
+    if isinstance(exc, FetchError):
+        return exc
+    err = hc.classify(exc, getattr(hf, "errors", None), repo_id=repo_id, revision=revision, where=where,
+                      token_given=token_given, what=what, local=local)
+    return err if isinstance(err, FetchError) else FetchError.from_hub(err)
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,34 +564,10 @@ def _size(path: str) -> int:
 # --------------------------------------------------------------------------------------------
 def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit: str) -> dict:
     """{path: entry} kept by the patterns; FetchError when nothing is kept."""
-    if not listing:
-        raise FetchError("%s@%s has no files; check the repo id and the revision" % (repo_id, commit),
-                         "empty_repo")
-    kept = filter_paths(sorted(listing), allow_patterns or None, ignore_patterns or None)
-    if not kept:
-        raise FetchError(
-            "the patterns (allow_patterns=%s, ignore_patterns=%s) match none of the %d files of %s@%s "
-            "(e.g. %s); fix the patterns" % (
-                json.dumps(allow_patterns or None), json.dumps(ignore_patterns or None), len(listing),
-                repo_id, commit[:12], ", ".join(sorted(listing)[:5])), "no_match")
-    return {p: listing[p] for p in kept}
-
-
-def listing_from_hub(files, hf) -> dict:
-    out = {}
-    for f in files:
-        if not isinstance(f, hf.RepoFile):
-            continue
-        entry = {"size": int(f.size), "blob_id": f.blob_id}
-        lfs = getattr(f, "lfs", None)
-        if lfs is not None:
-            sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-            if sha:
-                entry["lfs_sha256"] = sha
-        if getattr(f, "xet_hash", None):
-            entry["xet_hash"] = f.xet_hash
-        out[f.path] = entry
-    return out
+    try:
+        return hc.select(listing, allow_patterns, ignore_patterns, repo_id, commit)
+    except hc.HubError as exc:
+        raise FetchError.from_hub(exc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -667,7 +577,7 @@ DEFAULTS = dict(
     revision="main", cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
     use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
-    progress=None, http_endpoint_trusted=False,
+    progress=None, http_endpoint_trusted=False, resolved_commit=None,
 )
 
 
@@ -688,6 +598,7 @@ class SnapshotJob:
         self.library_log = _LibraryLog()
         self.timings = {}
         self.api = None
+        self.client = None
         self.layout = None
         self.commit = None
         self.listing = None
@@ -701,8 +612,7 @@ class SnapshotJob:
     # ---------------------------------------------------------------- helpers
     @property
     def where(self) -> str:
-        endpoint = self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-        return "the Hub at %s" % endpoint.rstrip("/")
+        return hc.where_of(self.o["endpoint"])
 
     def _p(self, **fields):
         if self.progress is not None:
@@ -725,7 +635,7 @@ class SnapshotJob:
             except Cancelled:
                 raise
             except Exception as exc:  # classified below; nothing is swallowed
-                err = exc if isinstance(exc, FetchError) else self._fail(exc, what)
+                err = self._fail(exc, what)
                 if not err.transient or attempt == attempts:
                     if err.transient:
                         err = FetchError("%s (gave up after %d attempts)" % (err, attempt), err.cause)
@@ -745,29 +655,43 @@ class SnapshotJob:
         if not self.revision.strip() or ".." in self.revision.split("/") or self.revision.startswith("/"):
             raise FetchError("revision %r is malformed; use a commit hash, a branch or a tag" % self.revision,
                              "bad_revision")
-        endpoint = self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-        problem = ht.token_endpoint_problem(endpoint, bool(self.token) and not self.o["offline"],
-                                            bool(self.o["http_endpoint_trusted"]))
-        if problem:
-            raise FetchError("refusing to fetch %s: %s" % (self.repo_id, problem), "insecure_endpoint")
+        given = self.o["resolved_commit"] or None
+        if given is not None and not hc.is_commit(given):
+            raise FetchError("resolved_commit %r is not a commit: give the 40 lowercase hex digits the revision "
+                             "was resolved to (disk_plan's target.commit), or leave it empty"
+                             % (given,), "bad_option")
+        if given is not None and hc.is_commit(self.revision) and given != self.revision:
+            raise FetchError("resolved_commit %s contradicts revision %s, itself a commit; pass one of them"
+                             % (given, self.revision), "bad_option")
+        try:
+            hc.refuse_insecure(self.o["endpoint"], bool(self.token) and not self.o["offline"],
+                               bool(self.o["http_endpoint_trusted"]), "fetch %s" % self.repo_id)
+        except hc.HubError as exc:
+            raise FetchError.from_hub(exc)
         # resolved as huggingface_hub resolves them, so paths and locks agree with the library's
         if self.o["local_dir"]:
             self.layout = LocalDirLayout(os.path.realpath(os.path.expanduser(self.o["local_dir"])), self.repo_id)
         else:
             cache = self.o["cache_dir"] or self.hf.constants.HF_HUB_CACHE
             self.layout = CacheLayout(os.path.realpath(os.path.expanduser(cache)), self.repo_id)
-        if self.api is None and self.hf is not None:
-            self.api = self.hf.HfApi(endpoint=self.o["endpoint"] or None, token=self.token or False,
-                                     library_name="modelswap")
+        if self.client is None and self.hf is not None:
+            self.client = hc.HubClient(self.repo_id, self.hf, endpoint=self.o["endpoint"], token=self.token,
+                                       call=self._retrying, api=self.api)
+            self.api = self.client.api
         logger = logging.getLogger("huggingface_hub")
         if self.library_log not in logger.handlers:
             logger.addHandler(self.library_log)
             logger.propagate = False
 
     def resolve(self) -> str:
+        """The commit of the revision: the revision itself (a commit), resolved_commit (the caller
+        resolved it already), the cache's ref (offline), else one request to the Hub."""
         self._p(state="resolving")
         if COMMIT_RE.match(self.revision):
             self.commit, self.resolved_by = self.revision, "pinned"
+            return self.commit
+        if self.o["resolved_commit"]:
+            self.commit, self.resolved_by = self.o["resolved_commit"], "given"
             return self.commit
         if self.o["offline"]:
             ref = self.layout.read_ref(self.revision)
@@ -781,12 +705,11 @@ class SnapshotJob:
             self.commit, self.resolved_by = ref, "cache"
             return ref
         self.requests_made = True
-        info = self._retrying(lambda: self.api.repo_info(self.repo_id, revision=self.revision),
-                              "resolving %s@%s" % (self.repo_id, self.revision))
-        if not info.sha or not COMMIT_RE.match(info.sha):
-            raise FetchError("resolving %s@%s: %s returned no commit" % (self.repo_id, self.revision, self.where),
-                             "http_error")
-        self.commit, self.resolved_by = info.sha, "hub"
+        try:
+            self.commit = self.client.resolve(self.revision)
+        except hc.HubError as exc:
+            raise FetchError.from_hub(exc)
+        self.resolved_by = "hub"
         return self.commit
 
     def _manifest_revision(self, revision: str):
@@ -820,36 +743,31 @@ class SnapshotJob:
             return self._trusted(self.manifest["listing"], "manifest",
                                  "the manifest %s" % self.manifest_file,
                                  "remove that manifest and run again (the files are verified again)")
-        for root in self.layout.tree_roots:
-            tree = mf.read_tree(root, self.commit)
-            if tree is not None:
-                where = mf.tree_path(root, self.commit)
-                return self._trusted(tree, "tree_cache", "huggingface_hub's tree cache %s" % where,
-                                     "remove that file (it was tampered with or damaged) and run again")
+        try:
+            cached = hc.cached_listing(self.layout.tree_roots, self.repo_id, self.commit)
+        except hc.HubError as exc:
+            raise FetchError.from_hub(exc)
+        if cached is not None:
+            self.listing, self.listing_source = cached[0], "tree_cache"
+            return self.listing
         if self.o["offline"]:
             raise FetchError(
                 "offline: no manifest and no cached file list of %s@%s under %s; run once with network "
                 "access" % (self.repo_id, self.commit, self.layout.root), "offline")
         self.requests_made = True
         self._p(state="resolving")
-        files = self._retrying(
-            lambda: list(self.api.list_repo_tree(self.repo_id, revision=self.commit, recursive=True)),
-            "listing the files of %s@%s" % (self.repo_id, self.commit[:12]))
         try:
-            listing = listing_from_hub(files, self.hf)
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise FetchError("the file list of %s@%s from %s is malformed (%s); nothing was written or "
-                             "deleted; check the endpoint" % (self.repo_id, self.commit[:12], self.where, exc),
-                             "bad_listing")
-        return self._trusted(listing, "hub", "the file list %s served" % self.where,
-                             "a real Hub never lists such a file: check the endpoint (a broken or malicious "
-                             "mirror, or a man in the middle on a plain http:// endpoint)")
+            self.listing = self.client.list_tree(self.commit)
+        except hc.HubError as exc:
+            raise FetchError.from_hub(exc)
+        self.listing_source = "hub"
+        return self.listing
 
     def _trusted(self, listing, source: str, what: str, fix: str) -> dict:
         try:
-            ht.check_listing(listing, "%s for %s@%s" % (what, self.repo_id, self.commit[:12]), fix)
-        except ht.ListingError as exc:
-            raise FetchError(str(exc), "bad_listing")
+            hc.trusted(listing, "%s for %s@%s" % (what, self.repo_id, self.commit[:12]), fix)
+        except hc.HubError as exc:
+            raise FetchError.from_hub(exc)
         self.listing, self.listing_source = listing, source
         return listing
 
@@ -960,7 +878,7 @@ class SnapshotJob:
         out["orphans_removed"] = [{"path": p, "bytes": b} for p, b in removed]
         out["orphans_busy"] = busy
         if layout.kind == "cache":
-            mf.write_tree(layout.repo_path, self.commit, self.listing)
+            hc.write_tree(layout.repo_path, self.commit, self.listing)
             if self.resolved_by == "hub":
                 mf.write_ref(layout.repo_path, self.revision, self.commit)
         needed = plan["bytes_to_fetch"]
@@ -1149,7 +1067,7 @@ class SnapshotJob:
                              "run again" % (len(missing), missing[0]), "error")
         manifest = mf.build_manifest(
             repo_id=self.repo_id, revision=self.revision, commit=self.commit,
-            endpoint=(self.o["endpoint"] or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT),
+            endpoint=hc.endpoint_of(self.o["endpoint"]),
             layout=self.layout.kind, snapshot=self.layout.snapshot(self.commit), listing=self.listing,
             verified=files, mode=self.o["verify"],
             patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},

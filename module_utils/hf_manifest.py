@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0
-"""The verified manifest of a snapshot, the cache's tree listing, refs, and the deployment record.
+"""The verified manifest of a snapshot, the cache's refs, and the deployment record.
 
 A manifest says: these files of ``repo_id@commit`` were verified (full content or sizes) at this
 time, and this is how each looked on disk then (size, inode, mtime). It lives next to the
@@ -28,7 +28,6 @@ from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_r
 from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
 
 FORMAT = "modelswap.hf_snapshot/1"
-TREE_FORMAT_VERSION = 1          # huggingface_hub's trees/<commit>.json format
 MODE_RANK = {"size": 1, "full": 2}
 
 
@@ -150,55 +149,8 @@ def remove_other_manifests(meta_root: str, keep_commit: str) -> list:
 
 
 # --------------------------------------------------------------------------------------------
-# huggingface_hub's own metadata: trees/<commit>.json and refs/<revision>
+# huggingface_hub's own metadata: refs/<revision> (trees/<commit>.json: hub_client)
 # --------------------------------------------------------------------------------------------
-def tree_path(tree_root: str, commit: str) -> str:
-    return os.path.join(tree_root, "trees", commit + ".json")
-
-
-def read_tree(tree_root: str, commit: str):
-    """{path: {"size", "blob_id", "lfs_sha256"?, "xet_hash"?}} from huggingface_hub's tree cache."""
-    try:
-        data = read_json(tree_path(tree_root, commit))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format_version") != TREE_FORMAT_VERSION:
-        return None
-    files = data.get("files")
-    if not isinstance(files, dict):
-        return None
-    out = {}
-    try:
-        for path, info in files.items():
-            entry = {"size": int(info["size"]), "blob_id": str(info["blob_id"])}
-            if info.get("lfs_sha256"):
-                entry["lfs_sha256"] = str(info["lfs_sha256"])
-            if info.get("xet_hash"):
-                entry["xet_hash"] = str(info["xet_hash"])
-            out[path] = entry
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return out
-
-
-def write_tree(tree_root: str, commit: str, listing: dict) -> bool:
-    """Write huggingface_hub's tree cache for ``commit`` if it is missing; True when written."""
-    path = tree_path(tree_root, commit)
-    if read_tree(tree_root, commit) is not None:
-        return False
-    files = {}
-    for name, entry in listing.items():
-        info = {"size": int(entry["size"]), "blob_id": entry["blob_id"]}
-        if entry.get("lfs_sha256"):
-            info["lfs_sha256"] = entry["lfs_sha256"]
-            info["lfs_size"] = int(entry["size"])
-        if entry.get("xet_hash"):
-            info["xet_hash"] = entry["xet_hash"]
-        files[name] = info
-    atomic_write_json(path, {"format_version": TREE_FORMAT_VERSION, "files": files})
-    return True
-
-
 def write_ref(repo_path: str, revision: str, commit: str) -> bool:
     """Record ``refs/<revision>`` -> commit as huggingface_hub does; True when it changed."""
     if revision == commit:

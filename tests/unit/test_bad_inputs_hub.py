@@ -14,6 +14,7 @@ import json
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 from tests.support import synthetic_cache as sc
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
@@ -52,7 +53,7 @@ def tampered(change) -> dict:
 def write_tree(root, files: dict) -> None:
     data = {"format_version": 1, "files": {p: dict(e, **({"lfs_size": e["size"]} if "lfs_sha256" in e else {}))
                                            for p, e in files.items()}}
-    mf.atomic_write_json(mf.tree_path(str(root), COMMIT), data)
+    mf.atomic_write_json(hc.tree_path(str(root), COMMIT), data)
 
 
 @pytest.fixture

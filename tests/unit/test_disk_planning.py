@@ -8,6 +8,7 @@ import pytest
 from huggingface_hub.utils import filter_repo_objects
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
 from tests.support import synthetic_cache as sc
 
@@ -204,7 +205,7 @@ PATHS = ["config.json", "model-00001.safetensors", "sub/dir/x.bin", ".gitattribu
 ])
 def test_filter_paths_matches_huggingface_hub(allow, ignore):
     expected = list(filter_repo_objects(PATHS, allow_patterns=allow, ignore_patterns=ignore))
-    assert dp.filter_paths(PATHS, allow, ignore) == expected
+    assert hc.filter_paths(PATHS, allow, ignore) == expected
 
 
 @pytest.mark.parametrize("name,models,words", [

@@ -16,7 +16,8 @@ from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_progress as hp
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_files
+from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 
 pytestmark = pytest.mark.unit
 
@@ -127,14 +128,15 @@ def test_tree_cache_round_trip_is_readable_by_huggingface_hub_and_disk_plan(tmp_
     listing = {"config.json": {"size": 3, "blob_id": "a" * 40},
                "w.safetensors": {"size": 10, "blob_id": "b" * 40, "lfs_sha256": "c" * 64}}
     repo = tmp_path / "models--o--r"
-    assert mf.write_tree(str(repo), "d" * 40, listing) is True
-    assert mf.write_tree(str(repo), "d" * 40, listing) is False       # only when missing
-    assert mf.read_tree(str(repo), "d" * 40) == listing
+    assert hc.write_tree(str(repo), "d" * 40, listing) is True
+    assert hc.write_tree(str(repo), "d" * 40, listing) is False       # only when missing
+    assert hc.read_tree(str(repo), "d" * 40) == listing
     from huggingface_hub._tree_cache import read_tree_cache
     entries = read_tree_cache(str(repo), "d" * 40)
     assert entries["w.safetensors"].lfs_sha256 == "c" * 64 and entries["config.json"].blob_id == "a" * 40
-    planned = hub_files.read_tree_cache(str(tmp_path), "o/r", "d" * 40)
-    assert sorted((f["path"], f["etag"]) for f in planned) == [("config.json", "a" * 40), ("w.safetensors", "c" * 64)]
+    planned = dp.list_target("o/r", "d" * 40, cache_dir=str(tmp_path))
+    assert planned["source"] == "tree_cache"
+    assert sorted((f["path"], f["etag"]) for f in planned["files"]) == [("config.json", "a" * 40), ("w.safetensors", "c" * 64)]
 
 
 def test_write_ref_only_when_changed(tmp_path):

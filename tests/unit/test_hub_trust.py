@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
 from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
+from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
 from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
 from tests.support import synthetic_cache as sc
 
@@ -256,7 +257,7 @@ def test_tree_cache_and_manifest_listings_are_checked_where_they_enter(tmp_path)
     assert "remove that manifest" in str(err.value)
     os.unlink(job.manifest_file)
     job.load_manifest()
-    mf.write_tree(layout.repo_path, commit_a, dict(listing, **{"w.safetensors": {"size": 1, "blob_id": "../x"}}))
+    hc.write_tree(layout.repo_path, commit_a, dict(listing, **{"w.safetensors": {"size": 1, "blob_id": "../x"}}))
     with pytest.raises(hd.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and "trees" in str(err.value) and "'../x'" in str(err.value)
