@@ -52,6 +52,15 @@ options:
       - Pin commits in the catalog; a branch costs one Hub request on every run.
     type: str
     default: main
+  resolved_commit:
+    description:
+      - The commit O(revision) was already resolved to (disk_plan's C(target.commit), which the
+        migrate role passes through C(model_fetch_resolved_commit)). The module then sends no request to
+        resolve it again, and takes the commit's file list from huggingface_hub's tree cache when that
+        holds it. The manifest and the result still name O(revision).
+      - 40 lowercase hex digits, else the module fails before any request; when O(revision) is itself a
+        commit it must be the same one. Unset or empty, the revision is resolved here.
+    type: str
   cache_dir:
     description:
       - The Hugging Face hub cache to download into (the folder holding C(models--org--name)).
@@ -336,7 +345,8 @@ listing_source:
   returned: success
   type: str
 resolved_by:
-  description: How the revision became a commit, C(pinned) (it is one), C(hub) or C(cache) (offline).
+  description: How the revision became a commit, C(pinned) (it is one), C(given) (O(resolved_commit)), C(hub)
+    or C(cache) (offline).
   returned: success
   type: str
 requests_made:
@@ -425,6 +435,7 @@ def main():
         argument_spec=dict(
             repo_id=dict(type="str", required=True),
             revision=dict(type="str", default="main"),
+            resolved_commit=dict(type="str"),
             cache_dir=dict(type="path"),
             local_dir=dict(type="path"),
             allow_patterns=dict(type="list", elements="str"),
@@ -487,13 +498,7 @@ def main():
             fail("cannot write the progress file %s: %s; fix progress_file" % (p["progress_file"], exc.strerror),
                  "not_writable")
 
-    job = hd.SnapshotJob(
-        p["repo_id"], hf=hf, revision=p["revision"], cache_dir=p["cache_dir"], local_dir=p["local_dir"],
-        allow_patterns=p["allow_patterns"], ignore_patterns=p["ignore_patterns"], token=p["token"],
-        endpoint=p["endpoint"], workers=p["workers"], verify_workers=p["verify_workers"], verify=p["verify"],
-        reverify=p["reverify"], use_xet=p["use_xet"], offline=p["offline"], retries=p["retries"],
-        retry_delay=p["retry_delay"], timeout=p["timeout"], lock_timeout=p["lock_timeout"], progress=progress,
-        http_endpoint_trusted=p["http_endpoint_trusted"])
+    job = hd.job_for(p, hf, progress)
 
     def failed(exc):
         partial = getattr(exc, "partial", None) or {}
@@ -534,24 +539,10 @@ def main():
     changed = not plan["noop"]
 
     if module.check_mode:
-        problem = hd.writable_problem(layout.root, probe=False) if changed else ""
-        if problem:
-            fail("cannot download %s into %s: %s; choose a writable destination or run with become"
-                 % (p["repo_id"], layout.root, problem), "not_writable", commit=job.commit)
-        if plan["fetch"] and not p["offline"]:
-            try:
-                job.probe_access(min(plan["fetch"], key=lambda f: int(wanted[f]["size"])))
-            except hd.FetchError as exc:
-                failed(exc)
-        if plan["fetch"] and p["offline"]:
-            fail("offline: %d files of %s@%s are missing under %s and would have to be downloaded; run with "
-                 "network access" % (len(plan["fetch"]), p["repo_id"], job.commit[:12], layout.root),
-                 "offline", commit=job.commit)
-        result["would_fetch"] = {"files": plan["fetch"], "bytes": plan["bytes_to_fetch"], "verify": plan["verify"]}
-        result["verification"] = {"mode": p["verify"], "ok": plan["noop"],
-                                  "source": "manifest" if plan["manifest_ok"] else "pending", "files": 0,
-                                  "hashed_bytes": 0, "seconds": 0.0, "workers": 0, "refetched": [],
-                                  "verified_at": (before_manifest or {}).get("verified_at")}
+        try:
+            result.update(job.preview(plan))
+        except hd.FetchError as exc:
+            failed(exc)
         if changed and module._diff:
             result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
                               "before": manifest_lines(before_manifest, wanted), "after": planned_lines(job, plan)}

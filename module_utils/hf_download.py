@@ -816,6 +816,29 @@ class SnapshotJob:
         """Selected files the current manifest does not vouch for (one stat each)."""
         return self._plan_files()["stale"]
 
+    def preview(self, plan: dict) -> dict:
+        """Check mode: ``would_fetch`` and ``verification`` of ``plan``, once the checks a run would
+        fail on first have passed (a writable destination, access to the files, network when needed):
+        one HEAD for the smallest file to fetch, no body, nothing written."""
+        layout = self.layout
+        problem = writable_problem(layout.root, probe=False) if not plan["noop"] else ""
+        if problem:
+            raise FetchError("cannot download %s into %s: %s; choose a writable destination or run with become"
+                             % (self.repo_id, layout.root, problem), "not_writable")
+        if plan["fetch"] and self.o["offline"]:
+            raise FetchError("offline: %d files of %s@%s are missing under %s and would have to be downloaded; "
+                             "run with network access" % (len(plan["fetch"]), self.repo_id, self.commit[:12],
+                                                          layout.root), "offline")
+        if plan["fetch"]:
+            self.probe_access(min(plan["fetch"], key=lambda f: int(self.wanted[f]["size"])))
+        return {
+            "would_fetch": {"files": plan["fetch"], "bytes": plan["bytes_to_fetch"], "verify": plan["verify"]},
+            "verification": {"mode": self.o["verify"], "ok": plan["noop"],
+                             "source": "manifest" if plan["manifest_ok"] else "pending", "files": 0,
+                             "hashed_bytes": 0, "seconds": 0.0, "workers": 0, "refetched": [],
+                             "verified_at": (self.manifest or {}).get("verified_at")},
+        }
+
     def probe_access(self, path: str) -> None:
         """One HEAD for ``path`` (check mode): access, gating and availability, no body."""
         if self.hf.get_hf_file_metadata is None or self.hf.hf_hub_url is None:
@@ -1079,3 +1102,9 @@ class SnapshotJob:
             mf.remove_other_manifests(self.layout.meta_root, self.commit)
         self.manifest = manifest
         return manifest
+
+
+def job_for(params: dict, hf, progress=None) -> SnapshotJob:
+    """The SnapshotJob for hf_snapshot's options (``params``: the module's, unknown keys ignored)."""
+    opts = {k: params[k] for k in DEFAULTS if k in params and k != "progress"}
+    return SnapshotJob(params["repo_id"], hf=hf, progress=progress, **opts)
