@@ -445,11 +445,14 @@ def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=No
                 listing, source = cached[0], "tree_cache"
         if listing is None:
             hc.refuse_insecure(endpoint, bool(token), http_endpoint_trusted, "list %s@%s" % (repo_id, revision))
-            if not hc.HAS_HF:
-                raise PlanError("listing %s@%s needs huggingface_hub on the host; run the task with a "
-                                "Python that has it (the vLLM virtualenv) or pass target_bytes"
-                                % (repo_id, revision))
-            client = connect(repo_id, endpoint=endpoint, token=token, fetching=False)
+            try:
+                if not hc.HAS_HF:
+                    raise ImportError("No module named 'huggingface_hub'")
+                client = connect(repo_id, endpoint=endpoint, token=token, fetching=False)
+            except ImportError as exc:
+                raise PlanError("listing %s@%s needs huggingface_hub on the host (%s); run the task with "
+                                "a Python that has it (the vLLM virtualenv) or pass target_bytes"
+                                % (repo_id, revision, exc))
             commit = client.resolve(revision)
             listing, source = client.listing(commit, roots)
         chosen = hc.select(listing, allow_patterns, ignore_patterns, repo_id, commit) if listing else {}
