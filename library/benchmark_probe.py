@@ -132,7 +132,7 @@ metrics_error:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible.module_utils.six.moves.urllib.error import HTTPError
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_target as bt
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
 
 
 def make_fetch(validate_certs):
@@ -181,14 +181,14 @@ def main():
         if p["calibration_text"].endswith(".jsonl"):
             text = None        # a user's JSONL is sent as it is: no word calibration
     try:
-        facts = bt.probe(make_fetch(p["validate_certs"]), p["url"], p["model"], api=p["api"],
+        facts = benchmark_probe.probe(make_fetch(p["validate_certs"]), p["url"], p["model"], api=p["api"],
                          api_key=p["api_key"], timeout=p["timeout"], calibration_text=text,
                          metrics=p["metrics"])
-    except bt.ProbeError as exc:
+    except benchmark_probe.ProbeError as exc:
         module.fail_json(msg=exc.message, kind=exc.kind)
     dep = facts["deployment"]
     if p["input_tokens"] is not None and p["output_tokens"] is not None:
-        problem = bt.check_lengths(p["input_tokens"], p["output_tokens"], dep.get("max_model_len"))
+        problem = benchmark_probe.check_lengths(p["input_tokens"], p["output_tokens"], dep.get("max_model_len"))
         if problem:
             module.fail_json(msg=f"benchmark preflight: {problem}", kind="length", deployment=dep)
     if facts["metrics_error"]:

@@ -154,8 +154,8 @@ plots_error:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_report as br
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_report
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 
 
 def summary(report):
@@ -218,27 +218,27 @@ def main():
     p = module.params
     run_dir = os.path.abspath(p["run_dir"])
     raw_dir = os.path.join(run_dir, "raw")
-    unknown = set(p["checks"]) - set(bs.DEFAULT_CHECKS)
+    unknown = set(p["checks"]) - set(bench_stats.DEFAULT_CHECKS)
     if unknown:
         module.fail_json(msg=f"benchmark report: unknown checks {', '.join(sorted(unknown))}; known: "
-                             f"{', '.join(sorted(bs.DEFAULT_CHECKS))}")
+                             f"{', '.join(sorted(bench_stats.DEFAULT_CHECKS))}")
     if not os.path.isdir(raw_dir):
         module.fail_json(msg=f"benchmark report: {raw_dir} does not exist: run modelswap.vllm.benchmark_run "
                              "with this run_dir first")
     try:
-        analysis = bs.analyze(bs.load_raw(raw_dir), checks=p["checks"])
+        analysis = bench_stats.analyze(bench_stats.load_raw(raw_dir), checks=p["checks"])
     except ValueError as exc:
         module.fail_json(msg=f"benchmark report: cannot read the run in {raw_dir}: {exc}")
     previous = None
     if p["compare"] and p["results_root"]:
-        previous = br.find_previous(p["results_root"], p["host"], p["model"], run_dir, analysis["started_wall"])
-    report = br.build(analysis, run_id=os.path.basename(run_dir), host=p["host"], model=p["model"],
+        previous = benchmark_report.find_previous(p["results_root"], p["host"], p["model"], run_dir, analysis["started_wall"])
+    report = benchmark_report.build(analysis, run_id=os.path.basename(run_dir), host=p["host"], model=p["model"],
                       commit=p["commit"], target=p["target"] or analysis["config"].get("target"),
                       deployment=p["deployment"], previous=previous, noise=p["noise"])
-    files, plots_error = br.plan_files(report, plots=p["plots"], previous_doc=previous[0] if previous else None)
-    written = br.changed_files(run_dir, files)
+    files, plots_error = benchmark_report.plan_files(report, plots=p["plots"], previous_doc=previous[0] if previous else None)
+    written = benchmark_report.changed_files(run_dir, files)
     if written and not module.check_mode:
-        br.write_files(run_dir, files, written)
+        benchmark_report.write_files(run_dir, files, written)
     if plots_error and p["plots"]:
         module.warn(f"benchmark report: plots skipped: {plots_error}")
     cmp = report["comparison"]

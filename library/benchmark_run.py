@@ -283,7 +283,7 @@ import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_ladder as bl
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
 
 
 def tail(path, n=4000):
@@ -341,7 +341,7 @@ def main():
     for key in ("prompt_source", "locustfile", "run_dir"):
         p[key] = os.path.abspath(p[key])      # Locust runs inside run_dir
     unknown_slo = set(p["slo"]) - {"ttft_ms", "tpot_ms", "e2el_ms"}
-    problems = bl.validate(p)
+    problems = benchmark_run.validate(p)
     tolerance = p["littles_law_tolerance"]
     if tolerance is not None and not tolerance > 0:
         problems.append(f"littles_law_tolerance must be above 0; got {tolerance}")
@@ -364,16 +364,16 @@ def main():
         p["prompt_format"] = "jsonl" if p["prompt_source"].endswith(".jsonl") else "text"
     run_dir = p["run_dir"]
     raw_dir = os.path.join(run_dir, "raw")
-    cfg = bl.config(p, raw_dir)
-    bounds = bl.bounds(p)
+    cfg = benchmark_run.config(p, raw_dir)
+    bounds = benchmark_run.bounds(p)
     plan = {k: cfg[k] for k in ("ladder", "ramp_s", "warmup_s", "measure_s", "measure_max_s",
                                 "min_requests_per_user", "max_requests_per_step", "request_timeout_s",
                                 "input_tokens", "output_tokens", "api", "target", "slo", "stop_error_rate",
                                 "stop_min_good_ratio")}
     config_path = os.path.join(run_dir, "config.json")
-    window_warnings = bl.window_warnings(p, tolerance)
+    window_warnings = benchmark_run.window_warnings(p, tolerance)
     result = dict(changed=True, run_dir=run_dir, raw_dir=raw_dir, plan=plan, bounds=bounds, config=config_path,
-                  window_warnings=window_warnings, lines=bl.plan_lines(p, bounds, window_warnings))
+                  window_warnings=window_warnings, lines=benchmark_run.plan_lines(p, bounds, window_warnings))
     if module.check_mode:
         for warning in window_warnings:
             module.warn(f"benchmark: {warning}")
@@ -400,7 +400,7 @@ def main():
         prefix += [module.get_bin_path("chrt", required=True), "--rr", "1"]
     elif p["scheduling"] == "nice":
         prefix += [module.get_bin_path("nice", required=True), "-n", "-10"]
-    argv = prefix + bl.locust_argv(
+    argv = prefix + benchmark_run.locust_argv(
         command, p["locustfile"], log_file, processes=p["processes"], expect_workers=p["expect_workers"],
         master_bind_host=p["master_bind_host"], master_bind_port=p["master_bind_port"],
         stop_timeout=p["request_timeout_s"])
@@ -409,7 +409,7 @@ def main():
     started = time.monotonic()
     rc, out, err = module.run_command(argv, cwd=run_dir, environ_update=env)
     seconds = round(time.monotonic() - started, 3)
-    status = bl.run_status(raw_dir)
+    status = benchmark_run.run_status(raw_dir)
     result.update(status=status, seconds=seconds, rc=rc)
     logs = (tail(log_file, 3000) + "\n" + (err or "")[-2000:]).strip()
     if rc in (124, 137):

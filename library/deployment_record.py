@@ -161,7 +161,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as dr
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record as dr
 
 
 def with_checksums(deployment, unit_file, env_file):

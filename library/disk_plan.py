@@ -268,9 +268,9 @@ timings:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks
-from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan as dp
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_context import (
     STORE_ARGS,
     fs_info,
     host_state,

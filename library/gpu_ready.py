@@ -345,8 +345,8 @@ import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.modelswap.vllm.plugins.module_utils import nvml as nv
-from ansible_collections.modelswap.vllm.plugins.module_utils import shm
+from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import gpu_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import shm
 
 try:
     import pynvml
@@ -445,7 +445,7 @@ def summary(res, shm_out, check_mode):
         text = "No GPUs: %s" % res["reason"]
     if shm_out is not None:
         text += "; /dev/shm: %d leftover(s) %s (%s), %d in use kept" % (
-            len(shm_out["removed"]), "would be removed" if check_mode else "removed", nv.gib(shm_out["bytes_freed"]),
+            len(shm_out["removed"]), "would be removed" if check_mode else "removed", gpu_ready.gib(shm_out["bytes_freed"]),
             len(shm_out["in_use"]))
     return text
 
@@ -460,7 +460,7 @@ def main():
 
     # Validate everything before touching anything.
     try:
-        exp = nv.expectations(
+        exp = gpu_ready.expectations(
             min_gpus=p["min_gpus"], tensor_parallel_size=p["tensor_parallel_size"],
             pipeline_parallel_size=p["pipeline_parallel_size"], require_gpus=p["require_gpus"],
             gpu_memory_utilization=p["gpu_memory_utilization"], allowed_pids=p["allowed_pids"],
@@ -473,24 +473,24 @@ def main():
             shm.validate_dir(p["shm_dir"])
             shm.validate_patterns(p["shm_patterns"])
             shm.resolve_user(p["service_user"])
-    except (nv.InputError, shm.ShmError) as exc:
+    except (gpu_ready.InputError, shm.ShmError) as exc:
         module.fail_json(msg=str(exc))
 
     binding = pynvml
     reason = None
     if binding is None:
-        if nv.library_present():
+        if gpu_ready.library_present():
             module.fail_json(
                 msg=missing_required_lib(
                     "nvidia-ml-py", reason="to read this host's NVIDIA GPUs (the NVIDIA driver's "
                     "%s is present, so the host has GPUs this module cannot see without it)"
-                    % nv.LIBRARY),
+                    % gpu_ready.LIBRARY),
                 exception=PYNVML_IMPORT_ERROR)
         reason = ("NVML not available: no NVIDIA driver (%s not found) and the Python binding "
-                  "nvidia-ml-py (pynvml) is not installed" % nv.LIBRARY)
+                  "nvidia-ml-py (pynvml) is not installed" % gpu_ready.LIBRARY)
     try:
-        res = nv.check(binding, exp, topology=p["topology"], unavailable_reason=reason)
-    except nv.NvmlFailure as exc:
+        res = gpu_ready.check(binding, exp, topology=p["topology"], unavailable_reason=reason)
+    except gpu_ready.NvmlFailure as exc:
         if p["fail_when_not_ready"]:
             module.fail_json(msg="Cannot check the GPUs: %s" % exc, gpus=[], ready=False)
         res = {"available": False, "reason": str(exc), "system": {}, "gpus": [],
@@ -515,7 +515,7 @@ def main():
         for proc in gpu.get("processes") or []:
             proc.pop("comm", None)
     if not res["ready"] and p["fail_when_not_ready"]:
-        module.fail_json(msg=nv.failure_message(res["problems"], res["waited"], res["timed_out"]),
+        module.fail_json(msg=gpu_ready.failure_message(res["problems"], res["waited"], res["timed_out"]),
                          **result)
 
     shm_out = None

@@ -376,10 +376,10 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
-from ansible_collections.modelswap.vllm.plugins.module_utils.hf_progress import Progress, human_bytes
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import Progress, human_bytes
 
 ACTION = "hf_snapshot"
 
@@ -400,7 +400,7 @@ def manifest_lines(manifest, wanted=None) -> str:
 def planned_lines(job, plan) -> str:
     lines = ["%s@%s verify=%s" % (job.repo_id, job.commit, job.o["verify"])]
     for name in sorted(job.wanted):
-        algo, digest = hv.expected_digest(job.wanted[name])
+        algo, digest = hf_verify.expected_digest(job.wanted[name])
         lines.append("%s %d %s:%s" % (name, int(job.wanted[name]["size"]), algo, digest[:16]))
     return "\n".join(lines) + "\n"
 
@@ -477,13 +477,13 @@ def main():
             fail("%s must be %d or more, not %d" % (key, low, p[key]), "bad_option")
     if p["retry_delay"] < 0 or p["progress_interval"] <= 0:
         fail("retry_delay must be >= 0 and progress_interval > 0", "bad_option")
-    if not hd.HAS_HF:
+    if not hf_snapshot.HAS_HF:
         reason = ("to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
                   "to the vLLM virtualenv's python)" % p["repo_id"])
         module.fail_json(msg=missing_required_lib("huggingface_hub", reason=reason),
                          cause="missing_library", **base)
     try:
-        hf = hd.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
+        hf = hf_snapshot.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
     except Exception as exc:  # a broken install is as good as none
         module.fail_json(msg=missing_required_lib("huggingface_hub", reason="it failed to import: %s" % exc),
                          exception=traceback.format_exc(), cause="missing_library", **base)
@@ -498,7 +498,7 @@ def main():
             fail("cannot write the progress file %s: %s; fix progress_file" % (p["progress_file"], exc.strerror),
                  "not_writable")
 
-    job = hd.job_for(p, hf, progress)
+    job = hf_snapshot.job_for(p, hf, progress)
 
     def failed(exc):
         partial = getattr(exc, "partial", None) or {}
@@ -525,7 +525,7 @@ def main():
         plan = job.plan()
         if progress is not None:
             progress.set(commit=job.commit)
-    except hd.FetchError as exc:
+    except hf_snapshot.FetchError as exc:
         failed(exc)
 
     layout = job.layout
@@ -541,7 +541,7 @@ def main():
     if module.check_mode:
         try:
             result.update(job.preview(plan))
-        except hd.FetchError as exc:
+        except hf_snapshot.FetchError as exc:
             failed(exc)
         if changed and module._diff:
             result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
@@ -552,7 +552,7 @@ def main():
                                   "verified_at": before_manifest["verified_at"]}
     else:
         if p["offline"] and plan["fetch"]:
-            failed(hd.FetchError(
+            failed(hf_snapshot.FetchError(
                 "offline: %d files of %s@%s are missing or bad under %s (e.g. %s) and must be downloaded; run "
                 "with network access" % (len(plan["fetch"]), p["repo_id"], job.commit[:12], layout.root,
                                          plan["fetch"][0]), "offline"))
@@ -564,7 +564,7 @@ def main():
                 manifest, changed = before_manifest, bool(out["orphans_removed"])
             else:
                 manifest = job.write_manifest(out["verified"])
-        except hd.FetchError as exc:
+        except hf_snapshot.FetchError as exc:
             failed(exc)
         except OSError as exc:
             failed(job._fail(exc, "writing the snapshot of %s" % p["repo_id"]))
@@ -588,7 +588,7 @@ def main():
             "files": len(out["verified"]),
             "hashed_bytes": out["hashed_bytes"], "seconds": round(vs, 3),
             "gb_per_s": round(out["hashed_bytes"] / vs / 1e9, 3) if vs > 0 and out["hashed_bytes"] else None,
-            "workers": p["verify_workers"] or hv.default_workers(), "refetched": out["refetched"],
+            "workers": p["verify_workers"] or hf_verify.default_workers(), "refetched": out["refetched"],
             "verified_at": manifest["verified_at"]}
         if changed and module._diff:
             result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
@@ -599,14 +599,14 @@ def main():
             if result.get("verification", {}).get("verified_at") is None:
                 rec_changed, before, after = True, None, None
             else:
-                entry = mf.fetched_entry(result)
+                entry = hf_manifest.fetched_entry(result)
                 if module.check_mode:
-                    rec_changed, before, after = mf.plan_record(p["record"], p["record_name"], entry)
+                    rec_changed, before, after = hf_manifest.plan_record(p["record"], p["record_name"], entry)
                 else:
                     before = None
-                    rec_changed = mf.update_record(p["record"], p["record_name"], entry)
+                    rec_changed = hf_manifest.update_record(p["record"], p["record_name"], entry)
                     after = entry
-        except (mf.ManifestError, OSError) as exc:
+        except (hf_manifest.ManifestError, OSError) as exc:
             if progress is not None:
                 progress.finish("failed", str(exc))
             fail("the download succeeded but recording it failed: %s" % exc, "record", commit=job.commit,

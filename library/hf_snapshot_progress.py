@@ -113,7 +113,7 @@ eta_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.hf_progress import read_progress
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import read_progress
 
 
 def main():

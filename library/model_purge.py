@@ -179,11 +179,11 @@ import shutil
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
-from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import listed
-from ansible_collections.modelswap.vllm.plugins.module_utils.store_context import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import listed
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_context import (
     STORE_ARGS,
     host_state,
     scan,
@@ -203,11 +203,11 @@ def path_refusal(path: str, roots) -> str:
     """Why ``path`` may not be deleted under ``roots`` (real paths), or ''."""
     norm = os.path.normpath(path)
     real = os.path.realpath(norm)
-    if not any(ms.is_within(norm, r) or ms.is_within(real, r) for r in roots):
+    if not any(model_store.is_within(norm, r) or model_store.is_within(real, r) for r in roots):
         return "it is outside the roots (%s); only paths inside them can be purged" % ", ".join(roots)
     if real in roots or norm in roots:
         return "it is a root itself (%s); name an item inside it" % real
-    if not any(ms.is_within(real, r) for r in roots):
+    if not any(model_store.is_within(real, r) for r in roots):
         return "it resolves through a symlink to %s, outside the roots (%s)" % (real, ", ".join(roots))
     if os.path.islink(norm):
         return "it is a symlink (to %s); name the directory itself" % os.readlink(norm)
@@ -217,7 +217,7 @@ def path_refusal(path: str, roots) -> str:
 def lock_dirs_for(store, item):
     if item.kind == "dir":
         return os.path.join(item.path, ".cache", "huggingface", "download"), True
-    return sl.lock_dir(store.cache_dir, item.folder), False
+    return store_locks.lock_dir(store.cache_dir, item.folder), False
 
 
 def folder_of(orphan_path: str) -> str:
@@ -252,7 +252,7 @@ def free_bytes(paths) -> int:
 
 
 def delete_step(store, step):
-    """Delete exactly ``step``'s planned paths (ms.delete_plan), already re-checked: a healthy
+    """Delete exactly ``step``'s planned paths (model_store.delete_plan), already re-checked: a healthy
     repo's through huggingface_hub's strategy (its deletion order and shared-store cleanup), a
     damaged repo or a plain directory with rmtree."""
     if step.uses_hf:
@@ -264,11 +264,11 @@ def delete_step(store, step):
             refs=frozenset(Path(x) for x in step.paths("ref")),
             repos=frozenset(Path(x) for x in step.paths("repo")),
             snapshots=frozenset(Path(x) for x in step.paths("snapshot")), **extra).execute()
-        ms.remove_metadata(step)
+        model_store.remove_metadata(step)
     else:
         shutil.rmtree(step.unlinks[0].path)
     if step.whole and step.folder:
-        shutil.rmtree(sl.lock_dir(store.cache_dir, step.folder), ignore_errors=True)
+        shutil.rmtree(store_locks.lock_dir(store.cache_dir, step.folder), ignore_errors=True)
 
 
 def main():
@@ -304,26 +304,26 @@ def main():
                 if why:
                     refused.append({"item": text, "rule": "roots", "why": why})
                     continue
-                item = dp.item_for_path(store, os.path.realpath(text))
+                item = disk_plan.item_for_path(store, os.path.realpath(text))
             else:
-                item = dp.resolve_item(store, text, p["models"])
-        except dp.NotInStore as exc:
+                item = disk_plan.resolve_item(store, text, p["models"])
+        except disk_plan.NotInStore as exc:
             if p["missing"] == "fail":
                 refused.append({"item": text, "rule": "missing", "why": "%s (missing=fail)" % exc})
             else:
                 absent.append(text)
             continue
-        except dp.PlanError as exc:
+        except disk_plan.PlanError as exc:
             refused.append({"item": text, "rule": "input", "why": str(exc)})
             continue
         why = path_refusal(item.path, roots)
         if why:
             refused.append({"item": text, "rule": "roots", "why": why})
             continue
-        guard = dp.protecting(item, protections)
+        guard = disk_plan.protecting(item, protections)
         if guard is not None:
             if guard.rule == "served" and p["allow_served_purge"] and item in state["served_items"]:
-                live = dp.protecting(item, state["running"])
+                live = disk_plan.protecting(item, state["running"])
                 if live is not None:
                     refused.append({"item": text, "rule": "served", "why": (
                         "it is %s; stop that server before purging the model it serves" % live.label)})
@@ -365,7 +365,7 @@ def main():
             by_repo[item.folder].append(item)
         elif item.kind == "dir":
             steps.append(("dir", item.name, [item]))
-    sim = ms.DeletionSimulator(store)
+    sim = model_store.DeletionSimulator(store)
     removed = []
     repo_steps = []
     for kind, key, group in steps:
@@ -376,7 +376,7 @@ def main():
         else:
             effect = sim.apply(group[0])
         for item in group:
-            row = dp.item_dict(store, item, p["models"])
+            row = disk_plan.item_dict(store, item, p["models"])
             row["bytes"] = effect.bytes if item is group[0] else 0
             if effect.removes_repo and item.kind == "revision":
                 row["removes_repo"] = True
@@ -388,10 +388,10 @@ def main():
                                      "repo instead; nothing was deleted" % (ACTION, repo.repo_id, repo.problems[0]),
                                  changed=False)
             repo_steps.append((key, effect))
-    plan = ms.delete_plan(store, repo_steps, [g[0].name for k, _, g in steps if k == "dir"])
+    plan = model_store.delete_plan(store, repo_steps, [g[0].name for k, _, g in steps if k == "dir"])
 
     # 3. orphans and stale locks (in repos that stay), only when the cache is inside the roots
-    cache_in_roots = bool(store.cache_dir) and any(ms.is_within(store.cache_dir, r) for r in roots)
+    cache_in_roots = bool(store.cache_dir) and any(model_store.is_within(store.cache_dir, r) for r in roots)
     orphans, busy_orphans = [], []
     if p["clean_orphans"] and cache_in_roots:
         for folder in sorted(store.repos):
@@ -400,13 +400,13 @@ def main():
             repo = store.repos[folder]
             if not repo.orphans:
                 continue
-            busy = sl.busy_locks(sl.lock_dir(store.cache_dir, folder))
+            busy = store_locks.busy_locks(store_locks.lock_dir(store.cache_dir, folder))
             for o in repo.orphans:
-                lock = os.path.join(sl.lock_dir(store.cache_dir, folder), o.etag + ".lock")
-                if busy or sl.probe(lock) is not False:
+                lock = os.path.join(store_locks.lock_dir(store.cache_dir, folder), o.etag + ".lock")
+                if busy or store_locks.probe(lock) is not False:
                     busy_orphans.append(o.path)
                     continue
-                effect = sim.apply(ms.Item("orphan", folder=folder, path=o.path))
+                effect = sim.apply(model_store.Item("orphan", folder=folder, path=o.path))
                 orphans.append({"path": o.path, "repo_id": repo.repo_id, "bytes": effect.bytes})
     stale = []
     if p["clean_stale_locks"] and cache_in_roots:
@@ -415,14 +415,14 @@ def main():
             path = os.path.join(locks_root, folder)
             if folder in sim.gone_repos or os.path.islink(path) or not os.path.isdir(path):
                 continue
-            if sl.busy_locks(path):
+            if store_locks.busy_locks(path):
                 continue
-            if folder not in store.repos and ms.parse_repo_folder(folder):
+            if folder not in store.repos and model_store.parse_repo_folder(folder):
                 stale.append({"path": path, "bytes": walk_alloc(path), "dir": True})
                 continue
             for name in sorted(os.listdir(path)):
                 lock = os.path.join(path, name)
-                if name.endswith(".lock") and sl.is_regular(lock):
+                if name.endswith(".lock") and store_locks.is_regular(lock):
                     stale.append({"path": lock, "bytes": os.lstat(lock).st_blocks * 512, "dir": False})
     planned = (sum(r["bytes"] for r in removed) + sum(o["bytes"] for o in orphans)
                + sum(s["bytes"] for s in stale))
@@ -432,12 +432,12 @@ def main():
                   planned_bytes=planned, expected_freed_size=sum(st.expected for st in plan),
                   freed_bytes=None)
     if module._diff:
-        gone = list(chosen) + [ms.Item("orphan", folder=o.folder, path=o.path)
+        gone = list(chosen) + [model_store.Item("orphan", folder=o.folder, path=o.path)
                                for r in store.repos.values() for o in r.orphans
                                if o.path in {x["path"] for x in orphans}]
         result["diff"] = {"before_header": "model store", "after_header": "model store",
-                          "before": "\n".join(ms.listing(store)) + "\n",
-                          "after": "\n".join(ms.listing(store, gone)) + "\n"}
+                          "before": "\n".join(model_store.listing(store)) + "\n",
+                          "after": "\n".join(model_store.listing(store, gone)) + "\n"}
     if module.check_mode or not changed:
         module.exit_json(**result)
 
@@ -454,14 +454,14 @@ def main():
     for kind, key, group in steps:
         item = group[0]
         directory, recursive = lock_dirs_for(store, item)
-        holder = sl.LockSet(directory, recursive)
+        holder = store_locks.LockSet(directory, recursive)
         busy = holder.acquire_all()
         if busy:
             release()
             module.fail_json(msg="%s refused %s: a download holds %s; wait for it to finish or stop it; "
                                  "nothing was deleted" % (ACTION, item.ident, busy[0]), changed=False)
         holders.append(holder)
-    changes = ms.plan_changes(store, plan)
+    changes = model_store.plan_changes(store, plan)
     if changes:
         release()
         module.fail_json(msg="%s refused: the store changed since it was planned (%s%s); nothing was "
@@ -485,7 +485,7 @@ def main():
     removed_orphans = []
     for folder in sorted({folder_of(o["path"]) for o in orphans}):
         mine = [o for o in orphans if folder_of(o["path"]) == folder]
-        holder = sl.LockSet(sl.lock_dir(store.cache_dir, folder))
+        holder = store_locks.LockSet(store_locks.lock_dir(store.cache_dir, folder))
         if holder.acquire_all():
             result["orphans_busy"].extend(o["path"] for o in mine)
             continue
@@ -493,7 +493,7 @@ def main():
         try:
             for o in mine:
                 etag = os.path.basename(o["path"]).split(".", 1)[0]
-                lock = os.path.join(sl.lock_dir(store.cache_dir, folder), etag + ".lock")
+                lock = os.path.join(store_locks.lock_dir(store.cache_dir, folder), etag + ".lock")
                 existed = os.path.lexists(lock)
                 if not holder.acquire(etag + ".lock"):
                     result["orphans_busy"].append(o["path"])
@@ -516,13 +516,13 @@ def main():
     removed_locks = []
     for s in stale:
         if s["dir"]:
-            holder = sl.LockSet(s["path"])
+            holder = store_locks.LockSet(s["path"])
             if not holder.acquire_all():
                 shutil.rmtree(s["path"], ignore_errors=True)
                 removed_locks.append(s["path"])
             holder.release()
         else:
-            holder = sl.LockSet(os.path.dirname(s["path"]))
+            holder = store_locks.LockSet(os.path.dirname(s["path"]))
             if holder.acquire(os.path.basename(s["path"])):
                 holder.remove_held()
                 removed_locks.append(s["path"])
@@ -530,7 +530,7 @@ def main():
     # lock files created for orphans of repos that are clean now
     if p["clean_stale_locks"]:
         for folder in {folder_of(o["path"]) for o in removed_orphans}:
-            holder = sl.LockSet(sl.lock_dir(store.cache_dir, folder))
+            holder = store_locks.LockSet(store_locks.lock_dir(store.cache_dir, folder))
             if not holder.acquire_all():
                 for path in holder.remove_held():
                     if path not in removed_locks:

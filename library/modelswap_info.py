@@ -57,7 +57,7 @@ python:
 import platform
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.about import about
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.about import about
 
 
 def main():

@@ -267,8 +267,8 @@ journal_errors:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_probe
-from ansible_collections.modelswap.vllm.plugins.module_utils.served_model import parse_systemctl_show
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import parse_systemctl_show
 
 
 # Journal lines scanned for the errors of a failed start (the root cause can be a traceback or
@@ -287,7 +287,7 @@ class Unit:
 
     def show(self):
         rc, out, err = self.module.run_command(
-            [self.systemctl, "show", "--property=Id," + ",".join(vllm_probe.UNIT_PROPERTIES),
+            [self.systemctl, "show", "--property=Id," + ",".join(vllm_ready.UNIT_PROPERTIES),
              "--", self.name], environ_update={"LANG": "C", "LC_ALL": "C"})
         if rc != 0:
             self.module.fail_json(msg="reading the state of %s failed: systemctl show exited %d: %s"
@@ -322,8 +322,8 @@ def budget_for(params):
         return {"seconds": params["timeout"], "derived": False, "model_bytes": None}
     if params["state"] == "stopped":
         return {"seconds": 120.0, "derived": False, "model_bytes": None}
-    size = vllm_probe.tree_size(params["model_path"]) if params["model_path"] else 0
-    seconds = vllm_probe.startup_budget(size, params["parallel_size"], params["enforce_eager"])
+    size = vllm_ready.tree_size(params["model_path"]) if params["model_path"] else 0
+    seconds = vllm_ready.startup_budget(size, params["parallel_size"], params["enforce_eager"])
     return {"seconds": float(seconds), "derived": True, "model_bytes": size}
 
 
@@ -331,8 +331,8 @@ def wait_stopped(module, unit, budget):
     params = module.params
     start = time.monotonic()
     while True:
-        procs = vllm_probe.unit_processes(params["unit"]) if params["unit"] else []
-        listeners = vllm_probe.port_listeners(params["port"])
+        procs = vllm_ready.unit_processes(params["unit"]) if params["unit"] else []
+        listeners = vllm_ready.port_listeners(params["port"])
         if not procs and not listeners:
             break
         if time.monotonic() - start >= budget["seconds"]:
@@ -351,7 +351,7 @@ def wait_stopped(module, unit, budget):
                 "; ".join("pid %d %s" % (p["pid"], p["cmdline"][:120]) for p in procs[:5])))
         if listeners:
             parts.append("port %d is still held by %s" % (
-                params["port"], "; ".join(vllm_probe.describe_listener(e) for e in listeners)))
+                params["port"], "; ".join(vllm_ready.describe_listener(e) for e in listeners)))
         result["last_error"] = "; ".join(parts)
         if params["fail_when_not_ready"]:
             module.fail_json(msg="vllm_ready: waiting for the old vLLM service to be gone failed after "
@@ -398,7 +398,7 @@ def main():
     if params["api_key_file"]:
         try:
             with open(params["api_key_file"], encoding="utf-8") as fh:
-                params["api_key"] = vllm_probe.env_file_value(fh.read(), "VLLM_API_KEY")
+                params["api_key"] = vllm_ready.env_file_value(fh.read(), "VLLM_API_KEY")
         except FileNotFoundError:
             params["api_key"] = None
         except OSError as exc:
@@ -427,27 +427,27 @@ def main():
 
     def check():
         if unit:
-            problem = vllm_probe.unit_problem(unit.show(), restarts_before)
+            problem = vllm_ready.unit_problem(unit.show(), restarts_before)
             if problem:
                 return problem
         if unit and params["check_port_owner"]:
-            listeners = vllm_probe.port_listeners(params["port"])
+            listeners = vllm_ready.port_listeners(params["port"])
             state["listeners"] = listeners
-            foreign = vllm_probe.foreign_listeners(listeners, params["unit"])
+            foreign = vllm_ready.foreign_listeners(listeners, params["unit"])
             if foreign:
                 return ("port %d is held by a process outside %s: %s" % (
                     params["port"], params["unit"],
-                    "; ".join(vllm_probe.describe_listener(e) for e in foreign)))
+                    "; ".join(vllm_ready.describe_listener(e) for e in foreign)))
         return None
 
-    outcome = vllm_probe.wait_ready(
+    outcome = vllm_ready.wait_ready(
         host=probe_host(params["host"]), port=params["port"],
         served_name=params["served_model_name"], api_key=params["api_key"],
         budget=budget["seconds"], poll=params["poll_interval"],
         request_timeout=params["request_timeout"], completion=params["completion"],
         prompt=params["prompt"], scheme=params["scheme"], check=check, api=params["api"])
     result = dict(outcome, budget=budget, changed=False, monotonic=time.monotonic(),
-                  port_listeners=state["listeners"] or vllm_probe.port_listeners(params["port"]))
+                  port_listeners=state["listeners"] or vllm_ready.port_listeners(params["port"]))
     if unit:
         result["unit_state"] = unit.show()
     if outcome["ready"]:
@@ -459,7 +459,7 @@ def main():
             # since the unit's last start (monotonic -> epoch), when that is later
             since = max(since, time.time() - (time.monotonic() - start_us / 1e6) - 1)
         scanned = unit.journal(since, max(JOURNAL_SCAN, params["journal_lines"]))
-        result["journal_errors"] = vllm_probe.journal_errors(scanned)
+        result["journal_errors"] = vllm_ready.journal_errors(scanned)
         result["journal"] = scanned[-params["journal_lines"]:] if params["journal_lines"] > 0 else []
     what = params["served_model_name"] or "the server"
     msg = ("vllm_ready: %s on %s:%d is not ready - gate '%s' failed after %s s (budget %s s): %s"

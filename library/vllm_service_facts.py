@@ -190,9 +190,10 @@ vllm:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as dr
-from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check, vllm_probe
-from ansible_collections.modelswap.vllm.plugins.module_utils.served_model import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
     exec_start_argv,
     model_from_argv,
     parse_systemctl_show,
@@ -265,24 +266,24 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    why = dr.facts_options_problem(p["unit"], p["replaces"], p["port"],
+    why = deployment_record.facts_options_problem(p["unit"], p["replaces"], p["port"],
                                    p["model"]["repo_id"] if p["model"] else None)
     if why:
         module.fail_json(msg="vllm_service_facts: %s" % why)
     try:
-        record = dr.read(p["record_path"])
-    except dr.RecordError as exc:
+        record = deployment_record.read(p["record_path"])
+    except deployment_record.RecordError as exc:
         module.fail_json(msg="vllm_service_facts: %s" % exc)
-    result = {"changed": False, "record": record, "deployment": dr.current(record),
-              "previous": dr.previous(record), "unit": unit_facts(module, p["unit"]),
+    result = {"changed": False, "record": record, "deployment": deployment_record.current(record),
+              "previous": deployment_record.previous(record), "unit": unit_facts(module, p["unit"]),
               "replaces": [dict(unit_facts(module, name), unit=name) for name in p["replaces"]],
               "files": {path: os.path.exists(path) for path in p["paths"]}}
     if p["port"] is not None:
-        listeners = vllm_probe.port_listeners(p["port"])
+        listeners = vllm_ready.port_listeners(p["port"])
         for entry in listeners:
-            entry["text"] = vllm_probe.describe_listener(entry)
+            entry["text"] = vllm_ready.describe_listener(entry)
         result["port"] = {"port": p["port"], "listeners": listeners,
-                          "foreign": vllm_probe.foreign_listeners(listeners, p["unit"], p["replaces"])}
+                          "foreign": vllm_ready.foreign_listeners(listeners, p["unit"], p["replaces"])}
     if p["model"]:
         m = p["model"]
         result["snapshot"] = snapshot_check.check(

@@ -2,13 +2,13 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Filters of the vllm_service role: the vLLM command line and systemd syntax.
 
-The logic lives in module_utils/vllm_unit.py (unit-tested there); these are thin wrappers that
+The logic lives in module_utils/serving/vllm_unit.py (unit-tested there); these are thin wrappers that
 turn its errors into AnsibleFilterError.
 """
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_unit
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 
 def _wrap(func):

@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats  # noqa: E402
 from tests.lab.simulator import SimulatorProcess  # noqa: E402
 from tests.support import bench_accuracy as ba  # noqa: E402
 
@@ -132,8 +132,8 @@ def locust_client(url, work, args, client_cpus, processes=None):
     wall = time.monotonic() - t
     if rc != 0:
         raise RuntimeError(f"locust exited {rc}: {(cfg.parent / 'locust.log').read_text()[-2000:]}")
-    raw = bs.load_raw(cfg.parent / "raw")
-    step = bs.analyze(raw)["steps"][0]
+    raw = bench_stats.load_raw(cfg.parent / "raw")
+    step = bench_stats.analyze(raw)["steps"][0]
     cpu = step["client"]["cpu_mean_max"]
     return {"client": f"locust (benchmark role){' --processes ' + str(processes) if processes else ''}",
             "chunks_per_s": step["output_throughput"], "requests_per_s": step["request_throughput"],

@@ -10,9 +10,9 @@ repo's and revision's size, prints the figures, and removes the cache. Variants:
   hf.scan_cache_dir           huggingface_hub.scan_cache_dir() alone
   hf.scan+delete_revisions    what a plan costs with huggingface_hub's API: the scan, then one
                               delete_revisions(...).expected_freed_size per repo
-  ms.scan_store (N threads)   modelswap's scanner with N threads (pays on a cold cache)
-  ms.scan_store               modelswap's scanner (module_utils/model_store.py) alone, one thread
-  ms.plan (scan+order+sim)    the whole plan as disk_plan computes it: scan, protections, candidates
+  model_store.scan_store (N threads)   modelswap's scanner with N threads (pays on a cold cache)
+  model_store.scan_store               modelswap's scanner (module_utils/store/model_store.py) alone, one thread
+  model_store.plan (scan+order+sim)    the whole plan as disk_plan computes it: scan, protections, candidates
                               in LRU order, freed bytes per step (shared blobs once), the verdict
   disk_plan module            the Ansible module end to end (a process, as on a host), target_bytes
 
@@ -33,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp  # noqa: E402
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan as dp  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store  # noqa: E402
 from tests.support import synthetic_cache as sc  # noqa: E402
 from tests.support.modules import run_module  # noqa: E402
 
@@ -57,7 +57,7 @@ def timed(fn, repeat, cold):
 
 
 def ms_plan(cache, workers):
-    store = ms.scan_store(str(cache), workers=workers)
+    store = model_store.scan_store(str(cache), workers=workers)
     state = dp.build_protections(store, models={}, protect_paths=[])
     items, _ = dp.all_candidates(store, state["protections"])
     items = dp.order_lru(store, items)
@@ -106,9 +106,9 @@ def main():
         rows.append(("hf.scan_cache_dir", t))
         t, (_, hf_freed) = timed(lambda: hf_plan(cache), args.repeat, args.cold)
         rows.append(("hf.scan+delete_revisions", t))
-        t, _ = timed(lambda: ms.scan_store(str(cache), workers=args.workers), args.repeat, args.cold)
+        t, _ = timed(lambda: model_store.scan_store(str(cache), workers=args.workers), args.repeat, args.cold)
         rows.append(("ms.scan_store (%d threads)" % args.workers, t))
-        t, store = timed(lambda: ms.scan_store(str(cache)), args.repeat, args.cold)
+        t, store = timed(lambda: model_store.scan_store(str(cache)), args.repeat, args.cold)
         rows.append(("ms.scan_store", t))
         t, (store, plan) = timed(lambda: ms_plan(cache, args.workers if args.cold else 1), args.repeat, args.cold)
         rows.append(("ms.plan (scan+order+sim)", t))
@@ -127,8 +127,8 @@ def main():
             mismatches += mine.size != repo.size_on_disk
             for rev in repo.revisions:
                 mismatches += mine.revision_size(rev.commit_hash) != rev.size_on_disk
-        sim_apparent = {store.repos[i.folder].repo_id: ms.DeletionSimulator(store).apply(i).size
-                        for i in (ms.Item("repo", folder=f) for f in store.repos)}
+        sim_apparent = {store.repos[i.folder].repo_id: model_store.DeletionSimulator(store).apply(i).size
+                        for i in (model_store.Item("repo", folder=f) for f in store.repos)}
         refs_bytes = {store.repos[f].repo_id: sum(40 for _ in store.repos[f].refs) for f in store.repos}
         freed_mismatch = sum(1 for rid, size in hf_freed.items() if sim_apparent[rid] - refs_bytes[rid] != size)
 
@@ -138,7 +138,7 @@ def main():
             med = statistics.median(times)
             print("%-28s %10.3f %10.3f %9.2fx" % (name, med, min(times), base / med))
         print("\nplan: %d candidates, %s reclaimable, module timings %s" % (
-            len(plan["candidates"]), ms.human_bytes(plan["candidates_bytes"]), result["timings"]))
+            len(plan["candidates"]), model_store.human_bytes(plan["candidates_bytes"]), result["timings"]))
         print("agreement with huggingface_hub: %d size mismatches over %d repos / %d revisions; "
               "%d whole-repo freed-size mismatches" % (
                   mismatches, len(hf_info.repos), sum(len(r.revisions) for r in hf_info.repos), freed_mismatch))

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify  # noqa: E402
 
 MB = 1000 * 1000
 BARE = r"""
@@ -157,7 +157,7 @@ def main() -> int:
             hub.fault("throttle", rate=int(a.rate * MB), method="GET", repo=repo, count=None)
         del files
         print(f"hub {hub.url}  repo {repo}@{commit[:12]}  {nfiles} files, "
-              f"{total / MB:.0f} MB  workers {a.workers}  cpus {hv.default_workers()}  "
+              f"{total / MB:.0f} MB  workers {a.workers}  cpus {hf_verify.default_workers()}  "
               f"load {os.getloadavg()[0]:.1f}  " + (f"throttled to {a.rate:g} MB/s per file" if a.rate else
                                                     "unthrottled"))
         bare_t, mod_t, size_t, mod_results = [], [], [], []
@@ -226,7 +226,7 @@ def main() -> int:
             best_dt, cores = None, 0.0
             for _ in range(3):
                 t, c = time.monotonic(), time.process_time()
-                res = hv.verify_all(items, workers=w)
+                res = hf_verify.verify_all(items, workers=w)
                 dt, cpu = time.monotonic() - t, time.process_time() - c
                 assert all(x["ok"] for x in res)
                 if best_dt is None or dt < best_dt:

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import runner  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner  # noqa: E402
 from tests.lab import labctl  # noqa: E402
 
 PING_PLAY = """- name: Reach the hosts (the baseline)

@@ -32,7 +32,7 @@ def test_the_tarball_has_modules_and_helpers_and_no_local_state(installed):
     tarball, _ = installed
     names = tarfile.open(tarball).getnames()
     assert "plugins/modules" in names and "plugins/module_utils" in names
-    assert "library/modelswap_info.py" in names and "module_utils/about.py" in names
+    assert "library/modelswap_info.py" in names and "module_utils/common/about.py" in names
     assert "meta/runtime.yml" in names
     assert not [n for n in names if n.startswith((".venv", ".collections", ".git/", "inventory/lab/hosts"))]
 
@@ -40,7 +40,8 @@ def test_the_tarball_has_modules_and_helpers_and_no_local_state(installed):
 def test_the_installed_collection_resolves_modules_through_its_plugins_links(installed):
     _, root = installed
     assert (root / "plugins" / "modules" / "modelswap_info.py").is_file()
-    assert (root / "plugins" / "module_utils" / "about.py").is_file()
+    assert (root / "plugins" / "module_utils" / "common" / "about.py").is_file()
+    assert (root / "plugins" / "plugin_utils" / "runner.py").is_file()
 
 
 def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
 from tests.support.synthetic_cache import MB, git_blob_id

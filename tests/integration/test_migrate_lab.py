@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import runner
+from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 from tests.integration import vllm_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.runner import RunResult, run_playbook
+from ansible_collections.modelswap.vllm.plugins.plugin_utils.runner import RunResult, run_playbook
 from tests.lab import labctl
 
 REPO = labctl.REPO

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from tests.lab.simulator import SimulatorProcess, set_priority
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,13 +89,13 @@ def truth_of(sim: dict) -> dict:
 
 def compare(raw_dir: Path, sim_records: list[dict], step: int = 0) -> dict:
     """Client-reported figures of `step` against the simulator's truth, request by request."""
-    raw = bs.load_raw(raw_dir)
-    analysis = bs.analyze(raw)
+    raw = bench_stats.load_raw(raw_dir)
+    analysis = bench_stats.analyze(raw)
     st = next(s for s in analysis["steps"] if s["step"] == step)
     sims = {r["id"]: r for r in sim_records if not r["aborted"]}
     ttft_err, e2el_err, lag, t_ttft, t_itl, t_tpot = [], [], [], [], [], []
     truth_tokens_in_window = 0.0
-    windows = bs._windows(raw, step)
+    windows = bench_stats._windows(raw, step)
     for wid, recs in raw["workers"].items():
         win = windows[wid]
         for r in recs:
@@ -107,10 +107,10 @@ def compare(raw_dir: Path, sim_records: list[dict], step: int = 0) -> dict:
             for t, n in zip(sim["writes"], sim["tokens"]):
                 if win[0] <= t < win[1]:
                     truth_tokens_in_window += n / (win[1] - win[0])
-            if r.get("s") != step or r.get("p") != "measure" or not bs.request_success(r):
+            if r.get("s") != step or r.get("p") != "measure" or not bench_stats.request_success(r):
                 continue
             tr = truth_of(sim)
-            m = bs.request_metrics(r)
+            m = bench_stats.request_metrics(r)
             ttft_err.append(m["ttft"] - tr["ttft"])
             e2el_err.append(m["e2el"] - tr["e2el"])
             lag.extend(r["st"] + off - w for off, w in zip(r["c"], tr["writes"]))
@@ -119,11 +119,11 @@ def compare(raw_dir: Path, sim_records: list[dict], step: int = 0) -> dict:
             if tr["tokens"] > 1:
                 t_tpot.append((tr["e2el"] - tr["ttft"]) / (tr["tokens"] - 1))
     # window throughput counts tokens per worker window; with one process the sum above is exact
-    truth = {"ttft_ms": bs.summarize(t_ttft, 1000), "itl_ms": bs.summarize(t_itl, 1000),
-             "tpot_ms": bs.summarize(t_tpot, 1000), "output_throughput": truth_tokens_in_window}
+    truth = {"ttft_ms": bench_stats.summarize(t_ttft, 1000), "itl_ms": bench_stats.summarize(t_itl, 1000),
+             "tpot_ms": bench_stats.summarize(t_tpot, 1000), "output_throughput": truth_tokens_in_window}
     return {"step": st, "truth": truth, "matched": len(ttft_err),
-            "ttft_err_ms": bs.summarize(ttft_err, 1000), "e2el_err_ms": bs.summarize(e2el_err, 1000),
-            "chunk_lag_ms": bs.summarize(lag, 1000), "analysis": analysis}
+            "ttft_err_ms": bench_stats.summarize(ttft_err, 1000), "e2el_err_ms": bench_stats.summarize(e2el_err, 1000),
+            "chunk_lag_ms": bench_stats.summarize(lag, 1000), "analysis": analysis}
 
 
 def run_case(workdir: Path, *, concurrency, ttft_ms=50.0, chunk_ms=20.0, chunks=64, tokens_per_chunk=1,

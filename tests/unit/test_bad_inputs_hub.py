@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from tests.support import synthetic_cache as sc
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
@@ -53,7 +53,7 @@ def tampered(change) -> dict:
 def write_tree(root, files: dict) -> None:
     data = {"format_version": 1, "files": {p: dict(e, **({"lfs_size": e["size"]} if "lfs_sha256" in e else {}))
                                            for p, e in files.items()}}
-    mf.atomic_write_json(hc.tree_path(str(root), COMMIT), data)
+    hf_manifest.atomic_write_json(hub_client.tree_path(str(root), COMMIT), data)
 
 
 @pytest.fixture
@@ -143,10 +143,10 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(world, row_id, module,
             write_tree(tmp_path / "models" / "r" / ".cache" / "huggingface", files)
         else:
             snap = str(repo_path(tmp_path) / "snapshots" / COMMIT)
-            manifest = mf.build_manifest(repo_id=REPO_ID, revision=COMMIT, commit=COMMIT, endpoint=DEAD,
+            manifest = hf_manifest.build_manifest(repo_id=REPO_ID, revision=COMMIT, commit=COMMIT, endpoint=DEAD,
                                          layout="cache", snapshot=snap, listing=files, verified={}, mode="full",
                                          patterns={}, tool={})
-            mf.atomic_write_json(mf.manifest_path(str(repo_path(tmp_path)), COMMIT), manifest)
+            hf_manifest.atomic_write_json(hf_manifest.manifest_path(str(repo_path(tmp_path)), COMMIT), manifest)
     before = tree_fingerprint(tmp_path)
     check_mode = extra.pop("_check", False)
     if module == "hf_snapshot":

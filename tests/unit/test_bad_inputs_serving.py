@@ -1,7 +1,7 @@
 """Bad inputs of the serving side (vllm_service, its filters, the catalog rules preflight shares),
 one row each: what was tried, the error it gets, and that nothing changed.
 
-- PURE_ROWS run the pure functions the role's validate step calls (module_utils/vllm_unit.py,
+- PURE_ROWS run the pure functions the role's validate step calls (module_utils/serving/vllm_unit.py,
   model_store, snapshot_check): they raise or return the problem, and write nothing.
 - ROLE_ROWS are the same refusals through the role on a lab host that serves a model:
   tests/integration/test_vllm_routes_lab.py runs each one and checks that the run failed in the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.filter.vllm_service import FilterModule
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store, snapshot_check
-from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_unit as vu
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store, snapshot_check
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 pytestmark = pytest.mark.unit
 
@@ -41,17 +41,17 @@ def args(**kw):
 
 
 def entry_problems(entry, name="tiny-a"):
-    return "; ".join(vu.catalog_entry_problems(name, entry))
+    return "; ".join(vllm_unit.catalog_entry_problems(name, entry))
 
 
 def unit_problems(**change):
-    return "; ".join(vu.unit_problems(dict(SAFE_UNIT, **change)))
+    return "; ".join(vllm_unit.unit_problems(dict(SAFE_UNIT, **change)))
 
 
 def raises(func, *a):
     try:
         func(*a)
-    except (vu.ArgsError, model_store.StoreError) as exc:
+    except (vllm_unit.ArgsError, model_store.StoreError) as exc:
         return str(exc)
     return ""
 
@@ -129,7 +129,7 @@ PURE_ROWS = [
     ("env value with a carriage return", lambda: unit_problems(env={"FOO": "1\rX=2"}), "contains a newline"),
     ("API key in the environment", lambda: unit_problems(env={"VLLM_API_KEY": MARKER}),
      "the key has a 0600 file of its own"),
-    ("API key with a newline", lambda: raises(vu.env_lines, {"VLLM_API_KEY": "k" + INJECT}), "contains a newline"),
+    ("API key with a newline", lambda: raises(vllm_unit.env_lines, {"VLLM_API_KEY": "k" + INJECT}), "contains a newline"),
     # --- issue 14 item 4: the route guard's settings
     ("Rust front end with the guard", lambda: unit_problems(env={"VLLM_USE_RUST_FRONTEND": "1"}),
      "does not run the route guard"),
@@ -179,12 +179,12 @@ def test_the_filters_refuse_what_the_functions_refuse():
         "--kv-transfer-config", '{"host": "10.0.0.1", "port": 1}']})),
 ])
 def test_valid_entries_stay_valid(name, entry):
-    assert vu.catalog_entry_problems(name, entry) == []
+    assert vllm_unit.catalog_entry_problems(name, entry) == []
 
 
 def test_valid_unit_settings_stay_valid():
-    assert vu.unit_problems(SAFE_UNIT) == []
-    assert vu.unit_problems(dict(SAFE_UNIT, host="::", replaces=["vllm-minimax.service", "a@b.service"],
+    assert vllm_unit.unit_problems(SAFE_UNIT) == []
+    assert vllm_unit.unit_problems(dict(SAFE_UNIT, host="::", replaces=["vllm-minimax.service", "a@b.service"],
                                  user="_vllm-1", home="/srv/vllm_home/a.b", guard=False,
                                  open_routes=["/nope"], env={"VLLM_USE_RUST_FRONTEND": "1"})) == []
 
@@ -194,7 +194,7 @@ def test_valid_unit_settings_stay_valid():
     ("--x=a.b", "x"), ("-tp", None), ("value", None), ("--", None), ("--a_b.c_d=e_f", "a-b"),
 ])
 def test_flag_name_reads_words_as_vllms_parser_does(word, name):
-    assert vu.flag_name(word) == name
+    assert vllm_unit.flag_name(word) == name
 
 
 # The rows run through the role on a lab host (tests/integration/test_vllm_routes_lab.py).
@@ -240,7 +240,7 @@ def test_role_rows_are_refused_by_the_same_functions(row, change, message):
     for var in ("vllm_service_hardening", "vllm_service_open_routes", "vllm_service_unit"):
         if var in change.get("vars", {}):
             settings[var.replace("vllm_service_", "")] = change["vars"][var]
-    found = "; ".join(vu.catalog_entry_problems(name, entry) + vu.unit_problems(settings))
+    found = "; ".join(vllm_unit.catalog_entry_problems(name, entry) + vllm_unit.unit_problems(settings))
     assert found, row
     assert MARKER not in found
 
@@ -253,4 +253,4 @@ def test_the_example_catalog_passes_the_rules():
     models = yaml.safe_load(path.read_text())["modelswap_models"]
     assert len(models) >= 3
     for name, entry in models.items():
-        assert vu.catalog_entry_problems(name, entry) == [], name
+        assert vllm_unit.catalog_entry_problems(name, entry) == [], name

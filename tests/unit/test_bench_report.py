@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_report as br
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_report as br
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from tests.unit.test_bench_stats import synthetic_run
 
 pytestmark = pytest.mark.unit
 
 
 def report_of(raw, run_id="20261202T120000Z", previous=None, **kw):
-    return br.build(bs.analyze(raw), run_id=run_id, host="gpu1", model="tiny-a", commit="c" * 40,
+    return br.build(bench_stats.analyze(raw), run_id=run_id, host="gpu1", model="tiny-a", commit="c" * 40,
                     target="http://gpu1:8000", deployment={"vllm_version": "0.32.0",
                                                            "vllm_args": {"max_model_len": 512}},
                     previous=previous, **kw)
@@ -110,13 +110,13 @@ def test_the_header_gives_the_range_when_requests_differ_and_says_when_usage_is_
     reqs = [r for r in raw["workers"]["worker-w1.jsonl"] if r["k"] == "req"]
     reqs[0]["u"] = [100, 4]
     settings = {"input_tokens": 100, "output_tokens": 10, "ignore_eos": False}
-    tok = bs.token_accounting(raw)
+    tok = bench_stats.token_accounting(raw)
     text = br.token_counts(tok["prompt_tokens_per_request"], tok["output_tokens_per_request"], settings)
     assert f"and mean {(4 + 10 * (len(reqs) - 1)) / len(reqs):,.1f} (4-10) output tokens (10 asked for) per request" \
         in text
     for r in reqs:
         r["u"] = None
-    tok = bs.token_accounting(raw)
+    tok = bench_stats.token_accounting(raw)
     assert tok["output_tokens_per_request"] is None
     assert br.token_counts(None, None, settings) == ("~100 prompt and 10 output tokens per request asked for; "
                                                      "no completed request reported usage")

@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_ladder as bl
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_target as bt
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
 
 pytestmark = pytest.mark.unit
 
@@ -226,7 +226,7 @@ def test_compare_says_better_or_worse_by_how_much():
     ([2, 2], False), (["8"], False), ([True], False), (None, False),
 ])
 def test_ladder_validation(ladder, ok):
-    assert (bl.validate_ladder(ladder) is None) is ok
+    assert (benchmark_run.validate_ladder(ladder) is None) is ok
 
 
 def settings(**kw):
@@ -247,30 +247,30 @@ def settings(**kw):
     ({"processes": -3}, "processes"),
 ])
 def test_settings_validation(kw, fragment):
-    assert any(fragment in m for m in bl.validate(settings(**kw)))
-    assert bl.validate(settings()) == []
+    assert any(fragment in m for m in benchmark_run.validate(settings(**kw)))
+    assert benchmark_run.validate(settings()) == []
 
 
 def test_bounds_cover_every_phase_at_its_longest():
-    b = bl.bounds(settings())
-    per_step = 2 + bl.RAMP_GRACE_S + 3 + 20 + 65 + 2
+    b = benchmark_run.bounds(settings())
+    per_step = 2 + benchmark_run.RAMP_GRACE_S + 3 + 20 + 65 + 2
     assert b["seconds_per_step_max"] == per_step
-    assert b["seconds"] == bl.START_GRACE_S + 2 * per_step + 65
+    assert b["seconds"] == benchmark_run.START_GRACE_S + 2 * per_step + 65
     assert b["measured_requests"] == 2000
 
 
 def test_config_carries_no_secret_and_drops_unset_slos():
-    cfg = bl.config(settings(api_key="sekret", slo={"ttft_ms": 100, "tpot_ms": None}), "/r/raw")
+    cfg = benchmark_run.config(settings(api_key="sekret", slo={"ttft_ms": 100, "tpot_ms": None}), "/r/raw")
     assert "sekret" not in json.dumps(cfg)
     assert cfg["slo"] == {"ttft_ms": 100} and cfg["target"] == "http://h:8000"
-    assert bl.config(settings(), "/r/raw")["stop_min_good_ratio"] is None    # no SLO, no SLO stop
+    assert benchmark_run.config(settings(), "/r/raw")["stop_min_good_ratio"] is None    # no SLO, no SLO stop
 
 
 def test_locust_command_line_modes():
-    one = bl.locust_argv(["locust"], "/f.py", "/l.log")
+    one = benchmark_run.locust_argv(["locust"], "/f.py", "/l.log")
     assert "--processes" not in one and "--master" not in one and "--headless" in one
-    assert bl.locust_argv(["locust"], "/f.py", "/l.log", processes=4)[-2:] == ["--processes", "4"]
-    master = bl.locust_argv(["locust"], "/f.py", "/l.log", expect_workers=2, master_bind_port=5557)
+    assert benchmark_run.locust_argv(["locust"], "/f.py", "/l.log", processes=4)[-2:] == ["--processes", "4"]
+    master = benchmark_run.locust_argv(["locust"], "/f.py", "/l.log", expect_workers=2, master_bind_port=5557)
     assert master[master.index("--expect-workers") + 1] == "2" and "--expect-workers-max-wait" in master
 
 
@@ -287,8 +287,8 @@ MODELS = json.dumps({"object": "list", "data": [
     (200, b"<html>", "tiny-a", False, "http", "did not return a model list"),
 ])
 def test_models_answer_errors_say_what_to_fix(status, body, model, key, kind, fragment):
-    with pytest.raises(bt.ProbeError) as err:
-        bt.check_models(status, body, "http://h:8000", model, key)
+    with pytest.raises(benchmark_probe.ProbeError) as err:
+        benchmark_probe.check_models(status, body, "http://h:8000", model, key)
     assert err.value.kind == kind and fragment in err.value.message
 
 
@@ -312,7 +312,7 @@ def test_probe_calibrates_words_per_token_and_reads_the_deployment():
               "/v1/chat/completions": completion,
               "/metrics": (200, b'vllm:num_requests_running{engine="0",model_name="tiny-a"} 0.0\n'
                                 b'vllm:cache_config_info{block_size="16",engine="0"} 1.0\n')}
-    facts = bt.probe(fake_fetch(routes), "http://h:8000/", "tiny-a", calibration_text="one two three four")
+    facts = benchmark_probe.probe(fake_fetch(routes), "http://h:8000/", "tiny-a", calibration_text="one two three four")
     assert facts["calibration"]["words_per_token"] == pytest.approx(1 / 1.5)
     assert facts["calibration"]["overhead_tokens"] == 12
     dep = facts["deployment"]
@@ -322,14 +322,14 @@ def test_probe_calibrates_words_per_token_and_reads_the_deployment():
 
 
 def test_probe_unreachable_and_failed_completion():
-    with pytest.raises(bt.ProbeError, match="connection refused") as err:
-        bt.probe(fake_fetch({"/v1/models": ConnectionRefusedError(111, "Connection refused")}), "http://h:1", "m")
+    with pytest.raises(benchmark_probe.ProbeError, match="connection refused") as err:
+        benchmark_probe.probe(fake_fetch({"/v1/models": ConnectionRefusedError(111, "Connection refused")}), "http://h:1", "m")
     assert err.value.kind == "unreachable"
     routes = {"/v1/models": (200, MODELS), "/version": (404, b""),
               "/v1/chat/completions": lambda req: (500, b'{"error": {"message": "engine dead"}}'),
               "/metrics": (200, b"")}
-    with pytest.raises(bt.ProbeError, match="engine dead"):
-        bt.probe(fake_fetch(routes), "http://h:8000", "tiny-a")
+    with pytest.raises(benchmark_probe.ProbeError, match="engine dead"):
+        benchmark_probe.probe(fake_fetch(routes), "http://h:8000", "tiny-a")
 
 
 def test_parse_metrics_keeps_the_served_models_samples():
@@ -337,14 +337,14 @@ def test_parse_metrics_keeps_the_served_models_samples():
             'vllm:num_requests_running{engine="1",model_name="a"} 2.0\n'
             'vllm:num_requests_running{engine="0",model_name="b"} 7.0\n'
             '# HELP x\nvllm:generation_tokens_total{model_name="a"} 1.5e3\n')
-    values, _ = bt.parse_metrics(text, "a")
+    values, _ = benchmark_probe.parse_metrics(text, "a")
     assert values["vllm:num_requests_running"] == 5.0
     assert values["vllm:generation_tokens_total"] == 1500.0
 
 
 def test_lengths_must_fit_the_context():
-    assert bt.check_lengths(400, 100, 512) is None
-    assert "exceeds the server's max_model_len (512)" in bt.check_lengths(500, 100, 512)
+    assert benchmark_probe.check_lengths(400, 100, 512) is None
+    assert "exceeds the server's max_model_len (512)" in benchmark_probe.check_lengths(500, 100, 512)
 
 
 def test_a_few_ms_outside_the_engine_is_the_frontends_share_not_a_missing_concurrency():
@@ -425,7 +425,7 @@ def test_a_window_too_short_for_littles_law_says_what_it_needs():
      ["max_requests_per_step (50) closes the window at C=8 after 6.2 requests per user", "at least 88"]),
 ])
 def test_window_warnings_before_the_run(kw, tolerance, fragments):
-    warnings = bl.window_warnings(settings(**kw), tolerance)
+    warnings = benchmark_run.window_warnings(settings(**kw), tolerance)
     assert len(warnings) == (1 if fragments else 0)
     for fragment in fragments:
         assert fragment in warnings[0]
@@ -433,7 +433,7 @@ def test_window_warnings_before_the_run(kw, tolerance, fragments):
 
 def test_the_plan_lines_name_the_ladder_windows_bounds_and_target():
     p = settings(min_requests_per_user=11, slo={"ttft_ms": 500}, scheduling="realtime")
-    lines = bl.plan_lines(p, bl.bounds(p), ["a warning"])
+    lines = benchmark_run.plan_lines(p, benchmark_run.bounds(p), ["a warning"])
     text = "\n".join(lines)
     assert "  target: http://h:8000 (chat API), model m" in lines
     assert "  ladder: C=1,8 (closed loops, no wait); ~64 prompt tokens, 16 output tokens per request (ignore_eos)" \
@@ -442,6 +442,6 @@ def test_the_plan_lines_name_the_ladder_windows_bounds_and_target():
             "per user (at most 1,000), then a drain of at most 65 s") in text
     assert "requests time out after 60 s; SLOs: TTFT <= 500 ms; stops early on: a step's error rate above 5.0% " \
            "or fewer than 90% of a step's requests meeting the SLOs" in text
-    assert f"bounds: at most {bl.bounds(p)['seconds']:,} s in all" in text and "2,000 measured requests" in text
+    assert f"bounds: at most {benchmark_run.bounds(p)['seconds']:,} s in all" in text and "2,000 measured requests" in text
     assert "load: one Locust process, scheduling realtime" in text
     assert lines[-1] == "  WARNING: a warning"

@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from tests.support import bench_accuracy as ba
 
 pytestmark = pytest.mark.unit
@@ -133,7 +133,7 @@ def test_knee_is_where_the_slots_run_out(tmp_path):
         wd = tmp_path / f"knee-{attempt}"
         res = ba.run_case(wd, nice=PRIORITY, concurrency=[4, 8, 16, 32], slots=16, ttft_ms=20, chunk_ms=10,
                           chunks=16, measure_s=4, warmup_s=1, ramp_s=1)
-        analysis = bs.analyze(bs.load_raw(res["raw"]))
+        analysis = bench_stats.analyze(bench_stats.load_raw(res["raw"]))
         steps = {s["concurrency"]: s for s in analysis["steps"]}
         print({c: (round(s["output_throughput"]), s["valid"]) for c, s in steps.items()})
         # linear up to the slots, flat beyond (at exactly 16 a slot idles for the client's turnaround
@@ -152,7 +152,7 @@ def test_a_saturated_client_is_flagged_not_reported(tmp_path):
     # ~100k chunks/s: far beyond one load process; the step must be flagged invalid
     res = ba.run_case(tmp_path / "sat", nice=0, concurrency=96, ttft_ms=1, chunk_ms=1, chunks=64, measure_s=5,
                       warmup_s=1, ramp_s=1)
-    analysis = bs.analyze(bs.load_raw(res["raw"]))
+    analysis = bench_stats.analyze(bench_stats.load_raw(res["raw"]))
     step = analysis["steps"][0]
     codes = {f["code"] for f in step["flags"]}
     assert step["valid"] is False

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from tests.lab.simulator import SimulatorProcess
 from tests.support.modules import REPO, run_module
 
@@ -135,7 +135,7 @@ def test_ladder_report_knee_tokens_and_idempotent_report(sim, tmp_path):
     assert steps[8]["output_throughput"] == pytest.approx(steps[4]["output_throughput"], rel=0.1)
     # the knee of the measured curve is where the slots run out (the report computes it over the
     # steps it trusts; a step the shared machine made the client late on is left out there)
-    assert bs.find_knee([(c, v["output_throughput"]) for c, v in steps.items()])["knee_concurrency"] == 4
+    assert bench_stats.find_knee([(c, v["output_throughput"]) for c, v in steps.items()])["knee_concurrency"] == 4
     if all(v["valid"] for v in steps.values()):
         assert report["saturation"]["knee_concurrency"] == 4
     # beyond the slots, requests queue: TTFT grows by about one request's time

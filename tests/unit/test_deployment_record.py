@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as dr
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest, served_model
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
 from tests.support.modules import run_module
 
 pytestmark = pytest.mark.unit
@@ -24,39 +25,39 @@ FETCHED = {"tiny-a": {"repo_id": "lab/tiny-a", "commit": "a" * 40, "path": A["pa
 
 
 def test_first_deployment_has_no_previous_and_keeps_foreign_keys():
-    rec, changed = dr.record_deployment({"fetched": FETCHED}, A, "2026-12-02T10:00:00Z")
+    rec, changed = deployment_record.record_deployment({"fetched": FETCHED}, A, "2026-12-02T10:00:00Z")
     assert changed
     assert rec["fetched"] == FETCHED
     assert rec["previous"] is None and rec["when"] == "2026-12-02T10:00:00Z" and rec["schema"] == 1
-    assert {k: rec[k] for k in dr.DEPLOYMENT_KEYS} == A
+    assert {k: rec[k] for k in deployment_record.DEPLOYMENT_KEYS} == A
 
 
 def test_same_deployment_changes_nothing_not_even_when():
-    rec, _ = dr.record_deployment(None, A, "t1")
-    again, changed = dr.record_deployment(rec, dict(A), "t2")
+    rec, _ = deployment_record.record_deployment(None, A, "t1")
+    again, changed = deployment_record.record_deployment(rec, dict(A), "t2")
     assert not changed and again == rec and again["when"] == "t1"
 
 
 def test_new_deployment_moves_the_current_to_previous_without_nesting():
-    r1, _ = dr.record_deployment({"fetched": FETCHED}, A, "t1")
-    r2, changed = dr.record_deployment(r1, B, "t2")
+    r1, _ = deployment_record.record_deployment({"fetched": FETCHED}, A, "t1")
+    r2, changed = deployment_record.record_deployment(r1, B, "t2")
     assert changed and r2["model"] == "tiny-b" and r2["when"] == "t2"
     assert r2["previous"] == dict(A, when="t1")
-    r3, _ = dr.record_deployment(r2, A, "t3")           # a rollback is the previous deployed again
+    r3, _ = deployment_record.record_deployment(r2, A, "t3")           # a rollback is the previous deployed again
     assert r3["model"] == "tiny-a" and r3["previous"] == dict(B, when="t2")
     assert "previous" not in r3["previous"]
     assert r3["fetched"] == FETCHED
 
 
 def test_any_deployment_key_counts_as_a_change():
-    r1, _ = dr.record_deployment(None, A, "t1")
-    r2, changed = dr.record_deployment(r1, dict(A, unit_checksum="9" * 64), "t2")
+    r1, _ = deployment_record.record_deployment(None, A, "t1")
+    r2, changed = deployment_record.record_deployment(r1, dict(A, unit_checksum="9" * 64), "t2")
     assert changed and r2["previous"]["unit_checksum"] == "1" * 64
 
 
 def test_an_old_record_without_schema_is_upgraded_in_place():
     old = dict(A, when="t0", previous=None)
-    rec, changed = dr.record_deployment(old, A, "t1")
+    rec, changed = deployment_record.record_deployment(old, A, "t1")
     assert changed and rec["schema"] == 1 and rec["when"] == "t0" and rec["previous"] is None
 
 
@@ -68,23 +69,23 @@ def test_an_old_record_without_schema_is_upgraded_in_place():
     ("tiny-a", "must be a mapping"),
 ])
 def test_bad_deployments_are_refused(deployment, message):
-    with pytest.raises(dr.RecordError, match=message):
-        dr.record_deployment(None, deployment, "t")
+    with pytest.raises(deployment_record.RecordError, match=message):
+        deployment_record.record_deployment(None, deployment, "t")
 
 
 def test_written_record_is_what_the_other_readers_expect(tmp_path):
     path = str(tmp_path / "deployment.json")
-    rec, _ = dr.record_deployment(None, A, "t1")
-    dr.write(path, rec)
+    rec, _ = deployment_record.record_deployment(None, A, "t1")
+    deployment_record.write(path, rec)
     # issue 3's reader (the purge never removes the served model)
     assert served_model.read_deployment_record(path) == {
         "model": "tiny-a", "repo_id": "lab/tiny-a", "commit": "a" * 40, "path": A["path"]}
     # model_fetch notes fetched models under the same lock; both keys survive each other's writes
     hf_manifest.update_record(path, "tiny-b", {"repo_id": "lab/tiny-b", "commit": "b" * 40})
-    assert dr.read(path)["model"] == "tiny-a"
-    rec2, _ = dr.record_deployment(dr.read(path), B, "t2")
-    dr.write(path, rec2)
-    assert dr.read(path)["fetched"]["tiny-b"]["commit"] == "b" * 40
+    assert deployment_record.read(path)["model"] == "tiny-a"
+    rec2, _ = deployment_record.record_deployment(deployment_record.read(path), B, "t2")
+    deployment_record.write(path, rec2)
+    assert deployment_record.read(path)["fetched"]["tiny-b"]["commit"] == "b" * 40
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
 
 
@@ -96,8 +97,8 @@ def test_written_record_is_what_the_other_readers_expect(tmp_path):
 def test_unusable_records_are_reported(tmp_path, text, message):
     path = tmp_path / "deployment.json"
     path.write_text(text)
-    with pytest.raises(dr.RecordError, match=message):
-        dr.read(str(path))
+    with pytest.raises(deployment_record.RecordError, match=message):
+        deployment_record.read(str(path))
 
 
 # --- the module --------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ FILES = [{"name": "unit", "path": "/u", "mode": "0644"}, {"name": "env", "path":
     ({("live", "unit"): None, ("active", "unit"): "u1"}, False, []),
 ])
 def test_plan_saved(sums, replaced, actions):
-    assert dr.plan_saved(FILES, sums, replaced) == actions
+    assert deployment_record.plan_saved(FILES, sums, replaced) == actions
 
 
 def test_module_keeps_active_and_previous_configurations(tmp_path):
@@ -185,7 +186,7 @@ def test_module_keeps_active_and_previous_configurations(tmp_path):
         p.write_text("A " + name)
     first = run_module("deployment_record", args(A2))
     assert first["changed"] and first["saved"] == {"rotated": [], "saved": ["unit", "env", "secret"]}
-    assert first["deployment"]["unit_checksum"] == dr.sha256_file(str(live["unit"]))
+    assert first["deployment"]["unit_checksum"] == deployment_record.sha256_file(str(live["unit"]))
     assert (saved / "active" / "secret").read_text() == "A secret"
     assert oct((saved / "active" / "secret").stat().st_mode & 0o777) == "0o600"
     assert oct((saved / "active" / "unit").stat().st_mode & 0o777) == "0o644"

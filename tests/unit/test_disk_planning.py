@@ -7,9 +7,9 @@ import time
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from tests.support import synthetic_cache as sc
 
 pytestmark = pytest.mark.unit
@@ -52,11 +52,11 @@ def store(tmp_path):
         sc.set_last_used(cache, repo_id, now - age)
     for p in (models / "scratch").rglob("*"):
         os.utime(p, (now - 700, now - 700))
-    return ms.scan_store(str(cache), str(models))
+    return model_store.scan_store(str(cache), str(models))
 
 
 def protections(store, **kw):
-    return dp.build_protections(store, models=MODELS, target="target", keep=["keeper"],
+    return disk_plan.build_protections(store, models=MODELS, target="target", keep=["keeper"],
                                 served="served", **kw)
 
 
@@ -65,26 +65,26 @@ def orphans_of(store):
 
 
 def item_bytes(store, *items):
-    sim = ms.DeletionSimulator(store)
+    sim = model_store.DeletionSimulator(store)
     return [sim.apply(i).bytes for i in items]
 
 
 def test_target_needs_only_what_is_not_cached(store):
-    needs = dp.target_needs(store, "org/target", "9" * 40, TARGET_FILES, 4096)
+    needs = disk_plan.target_needs(store, "org/target", "9" * 40, TARGET_FILES, 4096)
     assert needs["cached_bytes"] == 7 + 300 * KB
     assert needs["download_bytes"] == 500 * KB and needs["missing_files"] == 1
     # new blocks rounded up + one link block per file of the new snapshot
-    assert needs["needed_bytes"] == ms.round_up(500 * KB, 4096) + 3 * 4096
-    nothing = dp.target_needs(store, "org/absent", "9" * 40, TARGET_FILES, 4096)
+    assert needs["needed_bytes"] == model_store.round_up(500 * KB, 4096) + 3 * 4096
+    nothing = disk_plan.target_needs(store, "org/absent", "9" * 40, TARGET_FILES, 4096)
     assert nothing["cached_bytes"] == 0 and nothing["missing_files"] == 3
-    dup = dp.target_needs(store, "org/absent", "", TARGET_FILES + [dict(TARGET_FILES[2], path="copy")], 4096)
+    dup = disk_plan.target_needs(store, "org/absent", "", TARGET_FILES + [dict(TARGET_FILES[2], path="copy")], 4096)
     assert dup["missing_files"] == 3 and dup["download_bytes"] == 7 + 300 * KB + 500 * KB
 
 
 def test_candidates_skip_protected_and_order_lru(store):
     state = protections(store)
-    items, excluded = dp.all_candidates(store, state["protections"])
-    ordered = [i.ident for i in dp.order_lru(store, items)]
+    items, excluded = disk_plan.all_candidates(store, state["protections"])
+    ordered = [i.ident for i in disk_plan.order_lru(store, items)]
     assert ordered[0] == "org/old" and ordered[1].endswith("/models/scratch")
     assert ordered[2] == "org/target@" + T1      # not the pinned target commit
     why = {e["item"]: e["why"] for e in excluded}
@@ -92,13 +92,13 @@ def test_candidates_skip_protected_and_order_lru(store):
     assert "keep list" in why["org/keep@" + K]
     # the target's cached v1 holds the shard it reuses: excluded when the planner knows the files
     reuse = ("models--org--target", {f["etag"] for f in TARGET_FILES})
-    items2, excluded2 = dp.all_candidates(store, state["protections"], reuse=reuse)
+    items2, excluded2 = disk_plan.all_candidates(store, state["protections"], reuse=reuse)
     assert "org/target@" + T1 not in [i.ident for i in items2]
     assert any("reuses" in e["why"] for e in excluded2)
 
 
 def _items(store, *texts):
-    return [dp.resolve_item(store, t, MODELS) for t in texts]
+    return [disk_plan.resolve_item(store, t, MODELS) for t in texts]
 
 
 # (case, available bytes, needed, headroom, candidate texts, with orphans, allow served,
@@ -131,11 +131,11 @@ PLANS = [
 def test_plan(store, available, needed, headroom, cands, with_orphans, allow, verdict, purge, extra):
     state = protections(store)
     if cands is None:
-        items = dp.order_lru(store, dp.all_candidates(store, state["protections"])[0])
+        items = disk_plan.order_lru(store, disk_plan.all_candidates(store, state["protections"])[0])
     else:
         items = _items(store, *cands)
     fs = {"available": available, "block_size": 4096}
-    result = dp.make_plan(store, fs, needed_bytes=needed, headroom_bytes=headroom, candidates=items,
+    result = disk_plan.make_plan(store, fs, needed_bytes=needed, headroom_bytes=headroom, candidates=items,
                           orphans=orphans_of(store) if with_orphans else [],
                           served_items=state["served_items"], served_label=state["served_label"],
                           target_label="'target'", allow_served_purge=allow, download_rate=10 * 1024 ** 2)
@@ -149,16 +149,16 @@ def test_plan(store, available, needed, headroom, cands, with_orphans, allow, ve
         assert row["cumulative_bytes"] == running
     if extra:
         assert extra(result), result
-    assert dp.summary_line(result).endswith(("fits", "fits_after_purge", ")", "room (downtime)"))
+    assert disk_plan.summary_line(result).endswith(("fits", "fits_after_purge", ")", "room (downtime)"))
 
 
 def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     state = protections(store)
-    items = dp.order_lru(store, dp.all_candidates(store, state["protections"])[0])
-    plan = dp.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0,
+    items = disk_plan.order_lru(store, disk_plan.all_candidates(store, state["protections"])[0])
+    plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0,
                         candidates=items, orphans=orphans_of(store))
-    sim = ms.DeletionSimulator(store)
-    total = sum(sim.apply(ms.Item("orphan", folder=o.folder, path=o.path)).bytes for o in store.orphans)
+    sim = model_store.DeletionSimulator(store)
+    total = sum(sim.apply(model_store.Item("orphan", folder=o.folder, path=o.path)).bytes for o in store.orphans)
     total += sum(sim.apply(i).bytes for i in items)
     assert plan["orphan_bytes"] + plan["candidates_bytes"] == total
 
@@ -169,7 +169,7 @@ def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     ("1.5G", int(1.5 * 1024 ** 3)), ("2GB", 2 * 1000 ** 3), ("1T", 1024 ** 4), (4096, 4096),
 ])
 def test_parse_bytes(text, expected):
-    assert dp.parse_bytes(text) == expected
+    assert disk_plan.parse_bytes(text) == expected
 
 
 @pytest.mark.parametrize("text,words", [
@@ -177,22 +177,22 @@ def test_parse_bytes(text, expected):
     (True, "not a size"),
 ])
 def test_parse_bytes_errors(text, words):
-    with pytest.raises(dp.PlanError, match=words):
-        dp.parse_bytes(text)
+    with pytest.raises(disk_plan.PlanError, match=words):
+        disk_plan.parse_bytes(text)
 
 
 @pytest.mark.parametrize("text,total,expected", [
     ("5%", 1000, 50), ("0%", 1000, 0), ("100%", 1000, 1000), ("12.5%", 800, 100), ("1K", 10, 1024),
 ])
 def test_parse_headroom(text, total, expected):
-    assert dp.parse_headroom(text, total) == expected
+    assert disk_plan.parse_headroom(text, total) == expected
 
 
 @pytest.mark.parametrize("text,words", [("-5%", "negative"), ("101%", "over 100"), ("x%", "percentage"),
                                         ("-1G", "negative")])
 def test_parse_headroom_errors(text, words):
-    with pytest.raises(dp.PlanError, match=words):
-        dp.parse_headroom(text, 1000)
+    with pytest.raises(disk_plan.PlanError, match=words):
+        disk_plan.parse_headroom(text, 1000)
 
 
 PATHS = ["config.json", "model-00001.safetensors", "sub/dir/x.bin", ".gitattributes", "original/consolidated.pth",
@@ -205,7 +205,7 @@ PATHS = ["config.json", "model-00001.safetensors", "sub/dir/x.bin", ".gitattribu
 ])
 def test_filter_paths_matches_huggingface_hub(allow, ignore):
     expected = list(filter_repo_objects(PATHS, allow_patterns=allow, ignore_patterns=ignore))
-    assert hc.filter_paths(PATHS, allow, ignore) == expected
+    assert hub_client.filter_paths(PATHS, allow, ignore) == expected
 
 
 @pytest.mark.parametrize("name,models,words", [
@@ -218,12 +218,12 @@ def test_filter_paths_matches_huggingface_hub(allow, ignore):
     ("x", {"x": "a/b"}, "not a mapping"),
 ])
 def test_catalog_errors(name, models, words):
-    with pytest.raises(dp.PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        dp.catalog_entry(models, name, "target")
+    with pytest.raises(disk_plan.PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        disk_plan.catalog_entry(models, name, "target")
 
 
 def test_catalog_entry_defaults():
-    e = dp.catalog_entry({"m": {"repo_id": "a/b"}}, "m", "target")
+    e = disk_plan.catalog_entry({"m": {"repo_id": "a/b"}}, "m", "target")
     assert e == {"name": "m", "repo_id": "a/b", "revision": "main", "allow_patterns": None,
                  "ignore_patterns": None}
 
@@ -241,66 +241,66 @@ def test_catalog_entry_defaults():
 ])
 def test_resolve_item(store, text, kind, ident):
     fmt = {"cache": store.cache_dir, "models": store.models_dir}
-    item = dp.resolve_item(store, text.format(**fmt), MODELS)
+    item = disk_plan.resolve_item(store, text.format(**fmt), MODELS)
     assert item.kind == kind and item.ident == ident.format(**fmt)
 
 
 @pytest.mark.parametrize("text,error,words", [
-    ("org/absent", dp.NotInStore, "not in the model store"),
-    ("org/old@" + "f" * 40, dp.NotInStore, "not cached"),
-    ("target", dp.NotInStore, "not in the cache"),
-    ("org/na me", dp.PlanError, "malformed"),
-    ("a/b/c", dp.PlanError, "malformed"),
-    ("org/old@bad ref!", dp.PlanError, "neither a commit"),
-    ("{cache}/models--org--old/blobs", dp.PlanError, "not a purgeable item"),
-    ("{models}/scratch/w.bin", dp.PlanError, "only whole model directories"),
-    ("/etc", dp.PlanError, "outside the model store"),
-    ("", dp.PlanError, "empty"),
+    ("org/absent", disk_plan.NotInStore, "not in the model store"),
+    ("org/old@" + "f" * 40, disk_plan.NotInStore, "not cached"),
+    ("target", disk_plan.NotInStore, "not in the cache"),
+    ("org/na me", disk_plan.PlanError, "malformed"),
+    ("a/b/c", disk_plan.PlanError, "malformed"),
+    ("org/old@bad ref!", disk_plan.PlanError, "neither a commit"),
+    ("{cache}/models--org--old/blobs", disk_plan.PlanError, "not a purgeable item"),
+    ("{models}/scratch/w.bin", disk_plan.PlanError, "only whole model directories"),
+    ("/etc", disk_plan.PlanError, "outside the model store"),
+    ("", disk_plan.PlanError, "empty"),
 ])
 def test_resolve_item_errors(store, text, error, words):
     fmt = {"cache": store.cache_dir, "models": store.models_dir}
     with pytest.raises(error, match=words):
-        dp.resolve_item(store, text.format(**fmt), MODELS)
+        disk_plan.resolve_item(store, text.format(**fmt), MODELS)
 
 
 def test_ambiguous_item(store, tmp_path):
     sc.add_revision(tmp_path / "hub", "scratch", V1, {"a": b"1"})
-    store2 = ms.scan_store(store.cache_dir, store.models_dir)
-    with pytest.raises(dp.PlanError, match="ambiguous"):
-        dp.resolve_item(store2, "scratch", MODELS)
+    store2 = model_store.scan_store(store.cache_dir, store.models_dir)
+    with pytest.raises(disk_plan.PlanError, match="ambiguous"):
+        disk_plan.resolve_item(store2, "scratch", MODELS)
 
 
 def test_served_from_record_path_and_unit(store):
     snap = store.repo("org/old").revisions[V2].path
     record = {"model": "old-2", "repo_id": None, "commit": None, "path": snap + "/"}
-    state = dp.build_protections(store, models=MODELS, record=record, record_path="/r.json",
+    state = disk_plan.build_protections(store, models=MODELS, record=record, record_path="/r.json",
                                  unit={"model": "org/keep", "active": True, "unit_state": "active"},
                                  unit_name="vllm.service")
     prot = state["protections"]
-    old_v2 = dp.resolve_item(store, "org/old@" + V2, MODELS)
-    old_v1 = dp.resolve_item(store, "org/old@" + V1, MODELS)
-    keep_repo = dp.resolve_item(store, "org/keep", MODELS)
-    assert "deployment record /r.json" in dp.protecting(old_v2, prot).label
-    assert dp.protecting(old_v1, prot) is None                     # another revision may go
-    assert "unit vllm.service" in dp.protecting(keep_repo, prot).label   # a repo id: every revision
+    old_v2 = disk_plan.resolve_item(store, "org/old@" + V2, MODELS)
+    old_v1 = disk_plan.resolve_item(store, "org/old@" + V1, MODELS)
+    keep_repo = disk_plan.resolve_item(store, "org/keep", MODELS)
+    assert "deployment record /r.json" in disk_plan.protecting(old_v2, prot).label
+    assert disk_plan.protecting(old_v1, prot) is None                     # another revision may go
+    assert "unit vllm.service" in disk_plan.protecting(keep_repo, prot).label   # a repo id: every revision
     assert state["served"]["sources"] == ["deployment_record", "unit"]
     assert state["served"]["unit_active"] is True
     assert [i.ident for i in state["served_items"]] == ["org/old@" + V2, "org/keep"]
 
 
 def test_served_model_that_is_also_kept_is_not_a_served_purge_item(store):
-    state = dp.build_protections(store, models=MODELS, served="keeper", keep=["keeper"])
+    state = disk_plan.build_protections(store, models=MODELS, served="keeper", keep=["keeper"])
     assert state["served_items"] == []
 
 
 def test_plain_dir_protected_by_a_path_inside_it(store):
-    d = dp.resolve_item(store, "scratch", MODELS)
-    state = dp.build_protections(store, protect_paths=[store.dirs["scratch"].path + "/w.bin"])
-    assert dp.protecting(d, state["protections"]).rule == "path"
+    d = disk_plan.resolve_item(store, "scratch", MODELS)
+    state = disk_plan.build_protections(store, protect_paths=[store.dirs["scratch"].path + "/w.bin"])
+    assert disk_plan.protecting(d, state["protections"]).rule == "path"
 
 
 def test_branch_revision_protected_through_the_cached_ref(store):
-    p = dp.protect_model(store, "org/old", "main", "keep", "kept")
+    p = disk_plan.protect_model(store, "org/old", "main", "keep", "kept")
     assert p.commit == V2
-    unresolved = dp.protect_model(store, "org/old", "dev", "keep", "kept")
+    unresolved = disk_plan.protect_model(store, "org/old", "dev", "keep", "kept")
     assert unresolved.commit == ""   # every revision: the branch cannot be pinned from the cache

@@ -33,12 +33,53 @@ def test_every_module_is_in_the_modules_table():
                                "no longer a module": sorted(listed - modules)}
 
 
+def _module_utils_files() -> set[str]:
+    """module_utils' files as `package/file.py`: every file lives in a domain package."""
+    return {str(p.relative_to(ROOT / "module_utils")) for p in (ROOT / "module_utils").rglob("*.py")
+            if p.name != "__init__.py"}
+
+
+def _packages() -> set[str]:
+    return {p.name for p in (ROOT / "module_utils").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_module_utils_holds_only_packages():
+    loose = sorted(p.name for p in (ROOT / "module_utils").glob("*.py"))
+    assert loose == [], "module_utils/ keeps its files in domain packages; move: %s" % loose
+    assert all("/" in f and f.count("/") == 1 for f in _module_utils_files())
+
+
 def test_every_module_utils_file_has_its_line():
     section = _section(DOC.read_text(), "module_utils, by domain")
-    listed = set(re.findall(r"^- `([a-z_]+\.py)`:", section, re.M))
-    files = {p.name for p in (ROOT / "module_utils").glob("*.py") if p.name != "__init__.py"}
+    listed = set(re.findall(r"^- `([a-z_]+/[a-z_]+\.py)`:", section, re.M))
+    files = _module_utils_files()
     assert listed == files, {"missing from the doc": sorted(files - listed),
                              "no longer in module_utils": sorted(listed - files)}
+    headed = set(re.findall(r"^`([a-z_]+)/`: ", section, re.M))
+    assert headed == _packages(), "each package gets its one-line heading in the section"
+
+
+def test_the_readme_layout_names_every_package_once():
+    layout = _section((ROOT / "README.md").read_text(), "Layout")
+    named = re.findall(r"^  ([a-z_]+)/ ", layout, re.M)
+    assert sorted(named) == sorted(_packages()), named
+
+
+def test_the_readme_step_table_finds_module_package_and_role():
+    layout = _section((ROOT / "README.md").read_text(), "Layout")
+    rows = [line for line in layout.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(rows) >= 5, "the step table lost rows"
+    modules = {p.stem for p in (ROOT / "library").glob("*.py")}
+    roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
+    for row in rows:
+        _num, _step, mods, packages, role = [c.strip() for c in row.strip("|").split("|")]
+        assert re.findall(r"`([a-z_]+)`", mods), row
+        for name in re.findall(r"`([a-z_]+)`", mods):
+            assert name in modules, (row, name)
+        for name in re.findall(r"`module_utils/([a-z_]+)/`", packages):
+            assert name in _packages(), (row, name)
+        assert re.findall(r"`module_utils/([a-z_]+)/`", packages), row
+        assert re.findall(r"`([a-z_]+)`", role)[0] in roles, row
 
 
 def test_every_role_is_named_and_linked():
@@ -54,14 +95,13 @@ def test_the_step_table_names_only_real_modules_and_files():
     rows = [line for line in section.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert len(rows) >= 6, "the step table lost rows"
     modules = {p.stem for p in (ROOT / "library").glob("*.py")}
-    files = {p.name for p in (ROOT / "module_utils").glob("*.py")} | \
-            {p.name for p in (ROOT / "plugins" / "filter").glob("*.py")}
+    files = _module_utils_files() | {p.name for p in (ROOT / "plugins" / "filter").glob("*.py")}
     roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         _num, _what, mods, logic, role = cells
         for name in re.findall(r"`([a-z_]+)`", mods):
             assert name in modules or name in VALUES, (row, name)
-        for name in re.findall(r"`(?:plugins/filter/)?([a-z_]+\.py)`", logic):
+        for name in re.findall(r"`(?!files/)(?:plugins/filter/)?([a-z_/]+\.py)`", logic):
             assert name in files, (row, name)
         assert re.findall(r"`([a-z_]+)`", role)[0] in roles, row

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import (
     atomic_write_text, files_with_suffix, listed, nearest_existing)
 
 pytestmark = pytest.mark.unit

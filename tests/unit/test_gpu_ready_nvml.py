@@ -1,4 +1,4 @@
-"""gpu_ready's NVML logic (module_utils/nvml.py) against a fake NVML built on the real pynvml.
+"""gpu_ready's NVML logic (module_utils/gpu/gpu_ready.py) against a fake NVML built on the real pynvml.
 
 The fake (tests/support/fake_pynvml.py) has the real binding's function names and signatures
 (checked below), returns the real structures and raises the real NVMLError subclasses.
@@ -16,7 +16,7 @@ import time
 import pynvml
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import nvml as nv
+from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import gpu_ready as nv
 from tests.support.fake_pynvml import FakeNvml, gpu
 
 pytestmark = pytest.mark.unit

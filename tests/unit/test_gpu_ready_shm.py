@@ -1,4 +1,4 @@
-"""The /dev/shm cleanup logic (module_utils/shm.py, procfs.py) on a temporary directory standing
+"""The /dev/shm cleanup logic (module_utils/gpu/shm.py, procfs.py) on a temporary directory standing
 in for /dev/shm, with real processes holding files open or mapped.
 """
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pwd
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import procfs, shm
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import shm
 from tests.support.holders import holding
 
 pytestmark = pytest.mark.unit

@@ -12,34 +12,34 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_progress as hp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot as hd
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_progress
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 
 pytestmark = pytest.mark.unit
 
 
 # ------------------------------------------------------------------------------------------ hashing
-@pytest.mark.parametrize("data", [b"", b"hello\n", os.urandom(hv.BUFFER_SIZE), os.urandom(hv.BUFFER_SIZE + 17)])
+@pytest.mark.parametrize("data", [b"", b"hello\n", os.urandom(hf_verify.BUFFER_SIZE), os.urandom(hf_verify.BUFFER_SIZE + 17)])
 def test_hash_file_matches_hashlib_and_git(tmp_path, data):
     path = tmp_path / "f"
     path.write_bytes(data)
-    assert hv.hash_file(str(path), "sha256") == (hashlib.sha256(data).hexdigest(), len(data))
+    assert hf_verify.hash_file(str(path), "sha256") == (hashlib.sha256(data).hexdigest(), len(data))
     git = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    assert hv.hash_file(str(path), "git-sha1") == (git, len(data))
-    assert hv.git_blob_id(data) == git
+    assert hf_verify.hash_file(str(path), "git-sha1") == (git, len(data))
+    assert hf_verify.git_blob_id(data) == git
 
 
 def test_git_blob_id_is_gits():
     # `printf 'hello\n' | git hash-object --stdin`
-    assert hv.git_blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert hf_verify.git_blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
 
 
 def entry_for(data: bytes, lfs: bool) -> dict:
-    e = {"size": len(data), "blob_id": hv.git_blob_id(data)}
+    e = {"size": len(data), "blob_id": hf_verify.git_blob_id(data)}
     if lfs:
         e["lfs_sha256"] = hashlib.sha256(data).hexdigest()
     return e
@@ -58,7 +58,7 @@ def test_check_file(tmp_path, lfs, mode, content, ok, reason):
     path = tmp_path / "f"
     if content is not None:
         path.write_bytes(content)
-    res = hv.check_file(str(path), entry_for(b"right", lfs), mode)
+    res = hf_verify.check_file(str(path), entry_for(b"right", lfs), mode)
     assert res["ok"] is ok
     assert reason in res["reason"]
     assert res["algo"] == ("sha256" if lfs else "git-sha1")
@@ -73,18 +73,18 @@ def test_verify_all_runs_in_parallel_and_keeps_order(tmp_path):
         p = tmp_path / f"f{i}"
         p.write_bytes(data if i != 7 else data[::-1])
         items.append((str(p), entry_for(data, lfs=i % 2 == 0)))
-    results = hv.verify_all(items, workers=3)
+    results = hf_verify.verify_all(items, workers=3)
     assert [r["path"] for r in results] == [p for p, _ in items]
     assert [r["ok"] for r in results] == [i != 7 for i in range(12)]
 
 
 def test_verifier_cancel_stops_hashing(tmp_path):
     p = tmp_path / "f"
-    p.write_bytes(b"x" * (3 * hv.BUFFER_SIZE))
-    verifier = hv.Verifier(1)
+    p.write_bytes(b"x" * (3 * hf_verify.BUFFER_SIZE))
+    verifier = hf_verify.Verifier(1)
     verifier.cancel.set()
-    with pytest.raises(hv.Cancelled):
-        verifier.submit(str(p), {"size": 3 * hv.BUFFER_SIZE, "blob_id": "0" * 40}).result()
+    with pytest.raises(hf_verify.Cancelled):
+        verifier.submit(str(p), {"size": 3 * hf_verify.BUFFER_SIZE, "blob_id": "0" * 40}).result()
     verifier.shutdown()
 
 
@@ -96,70 +96,70 @@ def test_manifest_covers_only_unchanged_files(tmp_path):
     wanted = {"a": entry_for(b"aaa", False), "b": entry_for(b"bbb", True)}
     verified = {}
     for name, path in (("a", a), ("b", b)):
-        algo, digest = hv.expected_digest(wanted[name])
-        verified[name] = dict(mf.fingerprint(path.stat()), algo=algo, digest=digest)
-    man = mf.build_manifest(repo_id="o/r", revision="main", commit="c" * 40, endpoint="e", layout="cache",
+        algo, digest = hf_verify.expected_digest(wanted[name])
+        verified[name] = dict(hf_manifest.fingerprint(path.stat()), algo=algo, digest=digest)
+    man = hf_manifest.build_manifest(repo_id="o/r", revision="main", commit="c" * 40, endpoint="e", layout="cache",
                             snapshot=str(tmp_path), listing=wanted, verified=verified, mode="full",
                             patterns={}, tool={})
-    mpath = mf.manifest_path(str(tmp_path), "c" * 40)
-    mf.atomic_write_json(mpath, man)
-    back = mf.read_manifest(mpath, "o/r", "c" * 40)
+    mpath = hf_manifest.manifest_path(str(tmp_path), "c" * 40)
+    hf_manifest.atomic_write_json(mpath, man)
+    back = hf_manifest.read_manifest(mpath, "o/r", "c" * 40)
 
     def locate(p):
         return str(tmp_path / p)
 
-    assert mf.covers(back, wanted, locate, "full") == (True, [])
-    assert mf.covers(back, wanted, locate, "size") == (True, [])
-    assert mf.read_manifest(mpath, "o/other", "c" * 40) is None
-    assert mf.read_manifest(mpath, "o/r", "d" * 40) is None
+    assert hf_manifest.covers(back, wanted, locate, "full") == (True, [])
+    assert hf_manifest.covers(back, wanted, locate, "size") == (True, [])
+    assert hf_manifest.read_manifest(mpath, "o/other", "c" * 40) is None
+    assert hf_manifest.read_manifest(mpath, "o/r", "d" * 40) is None
     # a new file selected by other patterns, a touched file, a removed file
-    assert mf.covers(back, dict(wanted, c=entry_for(b"c", False)), locate, "full") == (False, ["c"])
+    assert hf_manifest.covers(back, dict(wanted, c=entry_for(b"c", False)), locate, "full") == (False, ["c"])
     os.utime(a, ns=(1, 1))
-    assert mf.covers(back, wanted, locate, "full") == (False, ["a"])
+    assert hf_manifest.covers(back, wanted, locate, "full") == (False, ["a"])
     b.unlink()
-    assert mf.covers(back, wanted, locate, "full") == (False, ["a", "b"])
+    assert hf_manifest.covers(back, wanted, locate, "full") == (False, ["a", "b"])
     # a size-only manifest does not vouch for full verification
     weak = dict(back, verify="size")
-    assert mf.covers(weak, {"b": wanted["b"]}, locate, "full")[0] is False
-    assert mf.covers(None, wanted, locate, "size") == (False, ["a", "b"])
+    assert hf_manifest.covers(weak, {"b": wanted["b"]}, locate, "full")[0] is False
+    assert hf_manifest.covers(None, wanted, locate, "size") == (False, ["a", "b"])
 
 
 def test_tree_cache_round_trip_is_readable_by_huggingface_hub_and_disk_plan(tmp_path):
     listing = {"config.json": {"size": 3, "blob_id": "a" * 40},
                "w.safetensors": {"size": 10, "blob_id": "b" * 40, "lfs_sha256": "c" * 64}}
     repo = tmp_path / "models--o--r"
-    assert hc.write_tree(str(repo), "d" * 40, listing) is True
-    assert hc.write_tree(str(repo), "d" * 40, listing) is False       # only when missing
-    assert hc.read_tree(str(repo), "d" * 40) == listing
+    assert hub_client.write_tree(str(repo), "d" * 40, listing) is True
+    assert hub_client.write_tree(str(repo), "d" * 40, listing) is False       # only when missing
+    assert hub_client.read_tree(str(repo), "d" * 40) == listing
     from huggingface_hub._tree_cache import read_tree_cache
     entries = read_tree_cache(str(repo), "d" * 40)
     assert entries["w.safetensors"].lfs_sha256 == "c" * 64 and entries["config.json"].blob_id == "a" * 40
-    planned = dp.list_target("o/r", "d" * 40, cache_dir=str(tmp_path))
+    planned = disk_plan.list_target("o/r", "d" * 40, cache_dir=str(tmp_path))
     assert planned["source"] == "tree_cache"
     assert sorted((f["path"], f["etag"]) for f in planned["files"]) == [("config.json", "a" * 40), ("w.safetensors", "c" * 64)]
 
 
 def test_write_ref_only_when_changed(tmp_path):
-    assert mf.write_ref(str(tmp_path), "main", "a" * 40) is True
+    assert hf_manifest.write_ref(str(tmp_path), "main", "a" * 40) is True
     assert (tmp_path / "refs" / "main").read_text() == "a" * 40
-    assert mf.write_ref(str(tmp_path), "main", "a" * 40) is False
-    assert mf.write_ref(str(tmp_path), "refs/pr/1", "b" * 40) is True
+    assert hf_manifest.write_ref(str(tmp_path), "main", "a" * 40) is False
+    assert hf_manifest.write_ref(str(tmp_path), "refs/pr/1", "b" * 40) is True
     assert (tmp_path / "refs" / "refs" / "pr" / "1").read_text() == "b" * 40
-    assert mf.write_ref(str(tmp_path), "a" * 40, "a" * 40) is False
+    assert hf_manifest.write_ref(str(tmp_path), "a" * 40, "a" * 40) is False
 
 
 def test_record_update_keeps_other_keys_and_is_idempotent(tmp_path):
     record = tmp_path / "state" / "deployment.json"
     entry = {"repo_id": "o/r", "commit": "a" * 40}
-    assert mf.update_record(str(record), "m", entry) is True
+    assert hf_manifest.update_record(str(record), "m", entry) is True
     record.write_text(json.dumps(dict(json.loads(record.read_text()), model="served")))
-    assert mf.update_record(str(record), "m", entry) is False
-    assert mf.update_record(str(record), "m", dict(entry, commit="b" * 40)) is True
+    assert hf_manifest.update_record(str(record), "m", entry) is False
+    assert hf_manifest.update_record(str(record), "m", dict(entry, commit="b" * 40)) is True
     data = json.loads(record.read_text())
     assert data["model"] == "served" and data["fetched"]["m"]["commit"] == "b" * 40
     record.write_text("{not json")
-    with pytest.raises(mf.ManifestError, match="not valid JSON"):
-        mf.update_record(str(record), "m", entry)
+    with pytest.raises(hf_manifest.ManifestError, match="not valid JSON"):
+        hf_manifest.update_record(str(record), "m", entry)
 
 
 # ------------------------------------------------------------------------------------------ progress
@@ -173,7 +173,7 @@ class Clock:
 
 def test_progress_rate_eta_and_line():
     clock = Clock()
-    p = hp.Progress("", clock=clock, wall=lambda: 5.0)
+    p = hf_snapshot_progress.Progress("", clock=clock, wall=lambda: 5.0)
     p.set(state="downloading", repo_id="o/r", commit="a" * 40, bytes_total=1000 * 1024 * 1024, files_total=4)
     p.snapshot()
     clock.t += 10
@@ -192,16 +192,16 @@ def test_progress_rate_eta_and_line():
 
 def test_progress_file_and_reader(tmp_path):
     path = tmp_path / "p" / "progress.json"
-    p = hp.Progress(str(path), run_id="r1", interval=0.2).start()
+    p = hf_snapshot_progress.Progress(str(path), run_id="r1", interval=0.2).start()
     p.set(state="downloading", bytes_total=10)
     p.add_bytes(4)
     time.sleep(0.5)
-    info = hp.read_progress(str(path), "r1")
+    info = hf_snapshot_progress.read_progress(str(path), "r1")
     assert info["found"] and info["state"] == "downloading" and info["alive"] is True
     assert info["finished"] is False and info["bytes_done"] == 4 and info["percent"] == 40.0
-    assert hp.read_progress(str(path), "other")["found"] is False
+    assert hf_snapshot_progress.read_progress(str(path), "other")["found"] is False
     p.finish("failed", "boom")
-    info = hp.read_progress(str(path), "r1")
+    info = hf_snapshot_progress.read_progress(str(path), "r1")
     assert info["finished"] is True and info["state"] == "failed" and "error: boom" in info["line"]
 
 
@@ -212,23 +212,23 @@ def test_reader_sees_a_dead_writer_and_an_ended_job(tmp_path):
     dead = int(child.stdout)
     path.write_text(json.dumps({"id": "r", "pid": dead, "pid_start": "1", "state": "downloading",
                                 "updated": time.time(), "line": "x"}))
-    info = hp.read_progress(str(path), "r")
+    info = hf_snapshot_progress.read_progress(str(path), "r")
     assert info["alive"] is False and info["finished"] is True and "ended without a final report" in info["line"]
     # a live pid with another start time is a reused pid: not our writer
     path.write_text(json.dumps({"id": "r", "pid": os.getpid(), "pid_start": "bogus", "state": "downloading"}))
-    assert hp.read_progress(str(path), "r")["alive"] is False
+    assert hf_snapshot_progress.read_progress(str(path), "r")["alive"] is False
     results = tmp_path / "job"
     results.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "1"}))
-    assert hp.job_finished(str(results)) is False
+    assert hf_snapshot_progress.job_finished(str(results)) is False
     results.write_text(json.dumps({"changed": True, "commit": "a" * 40}))
-    assert hp.job_finished(str(results)) is True
-    assert hp.read_progress(str(tmp_path / "none.json"), "r", str(results))["finished"] is True
-    assert hp.job_finished(str(tmp_path / "nope")) is None
+    assert hf_snapshot_progress.job_finished(str(results)) is True
+    assert hf_snapshot_progress.read_progress(str(tmp_path / "none.json"), "r", str(results))["finished"] is True
+    assert hf_snapshot_progress.job_finished(str(tmp_path / "nope")) is None
 
 
 def test_process_start_parses_names_with_spaces_and_parens():
-    assert hp.process_start(os.getpid()) is not None
-    assert hp.process_start(2 ** 22 + 12345) is None
+    assert hf_snapshot_progress.process_start(os.getpid()) is not None
+    assert hf_snapshot_progress.process_start(2 ** 22 + 12345) is None
 
 
 # ------------------------------------------------------------------------------------------ patterns
@@ -379,7 +379,7 @@ def test_repo_lock_excludes_other_processes_and_names_its_holder(tmp_path):
     path = tmp_path / ".locks" / "models--o--r" / "modelswap.lock"
     mine = hd.RepoLock(str(path))
     assert mine.acquire(1) is True
-    code = ("import sys; from ansible_collections.modelswap.vllm.plugins.module_utils.hf_download import RepoLock; "
+    code = ("import sys; from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import RepoLock; "
             "l = RepoLock(sys.argv[1]); print(l.acquire(0.3), l.holder())")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2] / ".collections"),
                                                       os.environ.get("PYTHONPATH", "")]))

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from tests.support.modules import run_module
 
 pytestmark = pytest.mark.unit
@@ -60,11 +60,11 @@ def errors_module():
 ])
 def test_classify_table(make, kind, transient, words, fetch_only):
     ctx = dict(repo_id="o/r", revision="main", where="the Hub at http://hub", token_given=False, what="doing it")
-    err = hc.classify(make(), errors_module(), **ctx)
-    assert isinstance(err, hc.HubError) and err.kind == kind and err.transient is transient
+    err = hub_client.classify(make(), errors_module(), **ctx)
+    assert isinstance(err, hub_client.HubError) and err.kind == kind and err.transient is transient
     for word in words:
         assert word in str(err), (word, str(err))
-    plan = hc.classify(make(), errors_module(), fetching=False, **ctx)
+    plan = hub_client.classify(make(), errors_module(), fetching=False, **ctx)
     assert plan.kind == kind
     if fetch_only:
         assert fetch_only in str(err) and fetch_only not in str(plan)
@@ -78,27 +78,27 @@ def test_classify_searches_the_chain_and_asks_local_last():
         except Exception as exc:
             raise errors_module().LocalEntryNotFoundError("cannot find the requested files") from exc
     except Exception as outer:
-        err = hc.classify(outer, errors_module(), repo_id="o/r", revision="main", where="w", token_given=True,
+        err = hub_client.classify(outer, errors_module(), repo_id="o/r", revision="main", where="w", token_given=True,
                           what="x")
     assert err.kind == "gated" and "the token given has no access" in str(err)
     disk = OSError(errno.ENOSPC, "No space left on device")
-    local = hc.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False, what="x",
-                        local=lambda e: hc.HubError("full", "disk_full") if getattr(e, "errno", None) else None)
+    local = hub_client.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False, what="x",
+                        local=lambda e: hub_client.HubError("full", "disk_full") if getattr(e, "errno", None) else None)
     assert local.kind == "disk_full"
     # hf_download keeps its own kinds for this host's failures, the Hub's come from hub_client
-    assert hd.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False,
+    assert hf_snapshot.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False,
                        what="x").cause == "disk_full"
-    assert hd.classify(ConnectionRefusedError(111, "no"), None, repo_id="o/r", revision="main", where="w",
+    assert hf_snapshot.classify(ConnectionRefusedError(111, "no"), None, repo_id="o/r", revision="main", where="w",
                        token_given=False, what="x").cause == "unreachable"
 
 
 def test_an_insecure_endpoint_is_refused_before_any_request():
-    with pytest.raises(hc.HubError) as info:
-        hc.refuse_insecure("http://mirror", True, False, "list o/r@main")
+    with pytest.raises(hub_client.HubError) as info:
+        hub_client.refuse_insecure("http://mirror", True, False, "list o/r@main")
     assert info.value.kind == "insecure_endpoint" and str(info.value).startswith("refusing to list o/r@main: ")
-    hc.refuse_insecure("http://mirror", True, True, "x")      # trusted
-    hc.refuse_insecure("http://mirror", False, False, "x")    # no token
-    hc.refuse_insecure("https://hub", True, False, "x")
+    hub_client.refuse_insecure("http://mirror", True, True, "x")      # trusted
+    hub_client.refuse_insecure("http://mirror", False, False, "x")    # no token
+    hub_client.refuse_insecure("https://hub", True, False, "x")
 
 
 # ------------------------------------------------------------------------------------------ patterns
@@ -111,8 +111,8 @@ def test_an_insecure_endpoint_is_refused_before_any_request():
 ])
 def test_filter_paths_and_select(allow, ignore, kept):
     paths = ["config.json", "onnx/model.onnx", "w.safetensors"]
-    assert hc.filter_paths(paths, allow, ignore) == kept
-    assert sorted(hc.select({p: {} for p in paths}, allow, ignore, "o/r", COMMIT)) == kept
+    assert hub_client.filter_paths(paths, allow, ignore) == kept
+    assert sorted(hub_client.select({p: {} for p in paths}, allow, ignore, "o/r", COMMIT)) == kept
 
 
 @pytest.mark.parametrize("listing, allow, kind, words", [
@@ -120,24 +120,24 @@ def test_filter_paths_and_select(allow, ignore, kept):
     ({"config.json": {}}, ["*.gguf"], "no_match", ["match none of the 1 files", '["*.gguf"]', "fix the patterns"]),
 ])
 def test_select_that_keeps_nothing_is_an_error(listing, allow, kind, words):
-    with pytest.raises(hc.HubError) as info:
-        hc.select(listing, allow, None, "o/r", COMMIT)
+    with pytest.raises(hub_client.HubError) as info:
+        hub_client.select(listing, allow, None, "o/r", COMMIT)
     assert info.value.kind == kind and all(w in str(info.value) for w in words)
 
 
 # ------------------------------------------------------------------------------------------ tree cache
 def test_tree_cache_write_read_and_checks(tmp_path):
-    root = hc.tree_root(str(tmp_path), "o/r")
+    root = hub_client.tree_root(str(tmp_path), "o/r")
     assert root == str(tmp_path / "models--o--r")
-    assert hc.read_tree(root, COMMIT) is None and hc.cached_listing([root], "o/r", COMMIT) is None
-    assert hc.write_tree(root, COMMIT, LISTING) is True
-    assert hc.write_tree(root, COMMIT, LISTING) is False                # only when missing
+    assert hub_client.read_tree(root, COMMIT) is None and hub_client.cached_listing([root], "o/r", COMMIT) is None
+    assert hub_client.write_tree(root, COMMIT, LISTING) is True
+    assert hub_client.write_tree(root, COMMIT, LISTING) is False                # only when missing
     data = json.loads((tmp_path / "models--o--r" / "trees" / (COMMIT + ".json")).read_text())
     assert data["format_version"] == 1 and data["files"]["w.safetensors"]["lfs_size"] == 10
-    assert hc.read_tree(root, COMMIT) == LISTING
-    listing, path = hc.cached_listing([str(tmp_path / "elsewhere"), root], "o/r", COMMIT)
-    assert listing == LISTING and path == hc.tree_path(root, COMMIT)
-    assert hc.read_tree(root, "main") is None                           # only a commit names a tree
+    assert hub_client.read_tree(root, COMMIT) == LISTING
+    listing, path = hub_client.cached_listing([str(tmp_path / "elsewhere"), root], "o/r", COMMIT)
+    assert listing == LISTING and path == hub_client.tree_path(root, COMMIT)
+    assert hub_client.read_tree(root, "main") is None                           # only a commit names a tree
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format_version": 2, "files": {}}),
@@ -147,13 +147,13 @@ def test_a_damaged_or_foreign_tree_cache_is_a_miss(tmp_path, content):
     path = tmp_path / "trees" / (COMMIT + ".json")
     path.parent.mkdir()
     path.write_text(content)
-    assert hc.read_tree(str(tmp_path), COMMIT) is None
+    assert hub_client.read_tree(str(tmp_path), COMMIT) is None
 
 
 def test_an_unsafe_tree_cache_is_an_error_not_a_miss(tmp_path):
-    hc.write_tree(str(tmp_path), COMMIT, dict(LISTING, **{"../x": {"size": 1, "blob_id": A40}}))
-    with pytest.raises(hc.HubError) as info:
-        hc.cached_listing([str(tmp_path)], "o/r", COMMIT)
+    hub_client.write_tree(str(tmp_path), COMMIT, dict(LISTING, **{"../x": {"size": 1, "blob_id": A40}}))
+    with pytest.raises(hub_client.HubError) as info:
+        hub_client.cached_listing([str(tmp_path)], "o/r", COMMIT)
     assert info.value.kind == "bad_listing" and "'..' segment" in str(info.value)
     assert "remove that file" in str(info.value)
 
@@ -200,7 +200,7 @@ class Lib:
 
 
 def client(api, **kw):
-    return hc.HubClient("o/r", Lib, api=api, endpoint="http://hub", **kw)
+    return hub_client.HubClient("o/r", Lib, api=api, endpoint="http://hub", **kw)
 
 
 def test_client_resolves_a_branch_once_and_a_commit_never(tmp_path):
@@ -213,21 +213,21 @@ def test_client_resolves_a_branch_once_and_a_commit_never(tmp_path):
 def test_client_lists_once_then_reads_the_tree_cache(tmp_path):
     api = FakeApi()
     c = client(api)
-    root = hc.tree_root(str(tmp_path), "o/r")
+    root = hub_client.tree_root(str(tmp_path), "o/r")
     listing, source = c.listing(COMMIT, [root])
     assert (listing, source) == (LISTING, "hub")
-    hc.write_tree(root, COMMIT, listing)
+    hub_client.write_tree(root, COMMIT, listing)
     assert c.listing(COMMIT, [root]) == (LISTING, "tree_cache")
     assert api.calls == [("list_repo_tree", COMMIT)] and c.requests == {"resolve": 0, "list": 1}
 
 
 def test_client_refuses_an_unsafe_listing_and_classifies_failures():
     evil = client(FakeApi(files=[RepoFile("../../etc/x", 1, A40)]))
-    with pytest.raises(hc.HubError) as info:
+    with pytest.raises(hub_client.HubError) as info:
         evil.list_tree(COMMIT)
     assert info.value.kind == "bad_listing" and "a real Hub never lists such a file" in str(info.value)
     down = client(FakeApi(fail=ConnectionRefusedError(111, "refused")))
-    with pytest.raises(hc.HubError) as info:
+    with pytest.raises(hub_client.HubError) as info:
         down.resolve("main")
     assert info.value.kind == "unreachable" and "resolving o/r@main: cannot reach the Hub at http://hub" in str(info.value)
     calls = []
@@ -243,30 +243,30 @@ def test_disk_planning_lists_through_the_client(tmp_path):
         made.append(kw)
         return client(api, fetching=kw["fetching"])
 
-    listed = dp.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
+    listed = disk_plan.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
                             connect=connect)
     assert listed == {"commit": COMMIT, "source": "hub", "files": [{"path": "w.safetensors", "size": 10, "etag": S64}]}
     assert api.calls == [("repo_info", "main"), ("list_repo_tree", COMMIT)] and made[0]["fetching"] is False
     # a pinned commit whose tree is cached: no client at all
-    hc.write_tree(hc.tree_root(str(tmp_path), "o/r"), COMMIT, LISTING)
-    cached = dp.list_target("o/r", COMMIT, cache_dir=str(tmp_path), connect=None)
+    hub_client.write_tree(hub_client.tree_root(str(tmp_path), "o/r"), COMMIT, LISTING)
+    cached = disk_plan.list_target("o/r", COMMIT, cache_dir=str(tmp_path), connect=None)
     assert cached["source"] == "tree_cache" and len(cached["files"]) == 2
     # a branch: resolved (one request), then the tree cache of its commit
     api.calls.clear()
-    assert dp.list_target("o/r", "main", cache_dir=str(tmp_path), connect=connect)["source"] == "tree_cache"
+    assert disk_plan.list_target("o/r", "main", cache_dir=str(tmp_path), connect=connect)["source"] == "tree_cache"
     assert api.calls == [("repo_info", "main")]
     down = FakeApi(fail=ConnectionRefusedError(111, "refused"))
-    with pytest.raises(dp.PlanError, match="cannot reach .* or pass target_bytes"):
-        dp.list_target("o/r", "dev", cache_dir=str(tmp_path), connect=lambda r, **kw: client(down, fetching=False))
-    with pytest.raises(dp.PlanError, match="match none of the 2 files"):
-        dp.list_target("o/r", COMMIT, cache_dir=str(tmp_path), allow_patterns=["*.gguf"])
+    with pytest.raises(disk_plan.PlanError, match="cannot reach .* or pass target_bytes"):
+        disk_plan.list_target("o/r", "dev", cache_dir=str(tmp_path), connect=lambda r, **kw: client(down, fetching=False))
+    with pytest.raises(disk_plan.PlanError, match="match none of the 2 files"):
+        disk_plan.list_target("o/r", COMMIT, cache_dir=str(tmp_path), allow_patterns=["*.gguf"])
 
 
 # ------------------------------------------------------------------------------------------ resolved_commit
 def test_a_resolved_commit_skips_the_resolve():
-    job = hd.SnapshotJob("o/r", revision="main", resolved_commit=COMMIT)
+    job = hf_snapshot.SnapshotJob("o/r", revision="main", resolved_commit=COMMIT)
     assert job.resolve() == COMMIT and job.resolved_by == "given" and job.requests_made is False
-    pinned = hd.SnapshotJob("o/r", revision=COMMIT, resolved_commit=COMMIT)
+    pinned = hf_snapshot.SnapshotJob("o/r", revision=COMMIT, resolved_commit=COMMIT)
     assert pinned.resolve() == COMMIT and pinned.resolved_by == "pinned"
 
 

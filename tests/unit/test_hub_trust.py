@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_download as hd
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
 from tests.support import synthetic_cache as sc
 
 pytestmark = pytest.mark.unit
@@ -156,14 +156,14 @@ def served_cache(tmp_path):
     snap = sc.add_revision(cache, "o/r", commit_a, files)
     listing = {p: {"size": len(d), "blob_id": blob_id(d)} for p, d in files.items()}
     listing["w.safetensors"]["lfs_sha256"] = hashlib.sha256(files["w.safetensors"]).hexdigest()
-    layout = hd.CacheLayout(str(cache), "o/r")
-    verified = {p: dict(mf.fingerprint(os.stat(snap / p)),
+    layout = hf_snapshot.CacheLayout(str(cache), "o/r")
+    verified = {p: dict(hf_manifest.fingerprint(os.stat(snap / p)),
                         algo="sha256" if "lfs_sha256" in listing[p] else "git-sha1",
                         digest=listing[p].get("lfs_sha256") or listing[p]["blob_id"]) for p in files}
-    manifest = mf.build_manifest(repo_id="o/r", revision="main", commit=commit_a, endpoint="e", layout="cache",
+    manifest = hf_manifest.build_manifest(repo_id="o/r", revision="main", commit=commit_a, endpoint="e", layout="cache",
                                  snapshot=str(snap), listing=listing, verified=verified, mode="full",
                                  patterns={}, tool={})
-    mf.atomic_write_json(mf.manifest_path(layout.meta_root, commit_a), manifest)
+    hf_manifest.atomic_write_json(hf_manifest.manifest_path(layout.meta_root, commit_a), manifest)
     return cache, layout, commit_a, snap, listing
 
 
@@ -219,7 +219,7 @@ def test_remove_refuses_a_pointer_whose_folder_leads_outside(tmp_path):
     canary = outside / "generation_config.json"
     canary.write_text("precious")
     (snap / "sub").symlink_to(outside)
-    with pytest.raises(hd.FetchError) as err:
+    with pytest.raises(hf_snapshot.FetchError) as err:
         layout.remove(commit_a, "sub/generation_config.json", {"size": 3, "blob_id": A40})
     assert err.value.cause == "unsafe_path" and "resolves outside" in str(err.value)
     assert canary.read_text() == "precious"
@@ -233,8 +233,8 @@ def test_local_dir_remove_is_confined(tmp_path):
     canary = outside / "x.json"
     canary.write_text("precious")
     (root / "sub").symlink_to(outside)
-    layout = hd.LocalDirLayout(str(root), "o/r")
-    with pytest.raises(hd.FetchError, match="refusing to delete"):
+    layout = hf_snapshot.LocalDirLayout(str(root), "o/r")
+    with pytest.raises(hf_snapshot.FetchError, match="refusing to delete"):
         layout.remove("c" * 40, "sub/x.json", {"size": 1, "blob_id": A40})
     assert canary.read_text() == "precious"
     (root / "ok.json").write_text("bad")
@@ -243,7 +243,7 @@ def test_local_dir_remove_is_confined(tmp_path):
 
 def test_tree_cache_and_manifest_listings_are_checked_where_they_enter(tmp_path):
     cache, layout, commit_a, snap, listing = served_cache(tmp_path)
-    job = hd.SnapshotJob("o/r", revision=commit_a, cache_dir=str(cache), offline=True)
+    job = hf_snapshot.SnapshotJob("o/r", revision=commit_a, cache_dir=str(cache), offline=True)
     job.layout, job.commit = layout, commit_a
     job.load_manifest()
     assert job.load_listing() == listing and job.listing_source == "manifest"
@@ -251,29 +251,29 @@ def test_tree_cache_and_manifest_listings_are_checked_where_they_enter(tmp_path)
     manifest["listing"]["../../../../x"] = {"size": 1, "blob_id": A40}
     Path(job.manifest_file).write_text(json.dumps(manifest))
     job.load_manifest()
-    with pytest.raises(hd.FetchError) as err:
+    with pytest.raises(hf_snapshot.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and job.manifest_file in str(err.value)
     assert "remove that manifest" in str(err.value)
     os.unlink(job.manifest_file)
     job.load_manifest()
-    hc.write_tree(layout.repo_path, commit_a, dict(listing, **{"w.safetensors": {"size": 1, "blob_id": "../x"}}))
-    with pytest.raises(hd.FetchError) as err:
+    hub_client.write_tree(layout.repo_path, commit_a, dict(listing, **{"w.safetensors": {"size": 1, "blob_id": "../x"}}))
+    with pytest.raises(hf_snapshot.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and "trees" in str(err.value) and "'../x'" in str(err.value)
 
 
 def test_snapshot_check_refuses_a_manifest_that_names_files_outside(tmp_path):
-    from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check
+    from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
     cache, layout, commit_a, snap, listing = served_cache(tmp_path)
     assert snapshot_check.check("m", "o/r", commit_a, cache_dir=str(cache))["verified"] is True
     outside = tmp_path / "outside.json"
     outside.write_text("{}")
-    path = mf.manifest_path(layout.meta_root, commit_a)
+    path = hf_manifest.manifest_path(layout.meta_root, commit_a)
     manifest = json.loads(Path(path).read_text())
     rel = "../../../../outside.json"
     manifest["listing"][rel] = {"size": 2, "blob_id": A40}
-    manifest["files"][rel] = dict(mf.fingerprint(os.stat(outside)), algo="git-sha1", digest=A40)
+    manifest["files"][rel] = dict(hf_manifest.fingerprint(os.stat(outside)), algo="git-sha1", digest=A40)
     Path(path).write_text(json.dumps(manifest))
     state = snapshot_check.check("m", "o/r", commit_a, cache_dir=str(cache))
     assert state["verified"] is False

@@ -12,7 +12,7 @@ import shutil
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store as ms
 from tests.support import synthetic_cache as sc
 from tests.support.synthetic_cache import A, B, C, W1, W2
 

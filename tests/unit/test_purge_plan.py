@@ -19,7 +19,7 @@ import tempfile
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from tests.support import synthetic_cache as sc
 from tests.support.synthetic_cache import A, B, C, W1, W2, W3
 from tests.support.modules import REPO, run_module
@@ -53,13 +53,13 @@ def blob_of(rel: str, files: dict) -> str:
 
 
 def plan_for(store, folder, commits=None, dirs=()):
-    sim = ms.DeletionSimulator(store)
+    sim = model_store.DeletionSimulator(store)
     steps = []
     if folder:
-        effect = (sim.apply(ms.Item("repo", folder=folder)) if commits is None
+        effect = (sim.apply(model_store.Item("repo", folder=folder)) if commits is None
                   else sim.apply_revisions(folder, commits))
         steps.append((folder, effect))
-    return ms.delete_plan(store, steps, dirs)
+    return model_store.delete_plan(store, steps, dirs)
 
 
 def rel_unlinks(plan, cache, models):
@@ -90,7 +90,7 @@ PLANS = [
 def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(
         tmp_path, folder, commits, dirs, planned):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
+    store = model_store.scan_store(str(cache), str(models))
     plan = plan_for(store, folder, commits, dirs)
     assert rel_unlinks(plan, cache, models) == planned
     if not folder:
@@ -110,9 +110,9 @@ def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(
 
 def test_a_plan_still_matching_the_store_has_no_changes(tmp_path):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
+    store = model_store.scan_store(str(cache), str(models))
     plan = plan_for(store, ONE, [A]) + plan_for(store, "", dirs=("plain",))
-    assert ms.plan_changes(store, plan) == []
+    assert model_store.plan_changes(store, plan) == []
 
 
 def _retarget(link, target):
@@ -170,10 +170,10 @@ def test_plan_changes_catches_every_change_after_the_plan(tmp_path, change, word
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "canary").write_bytes(b"precious")
-    store = ms.scan_store(str(cache), str(models))
+    store = model_store.scan_store(str(cache), str(models))
     plan = plan_for(store, ONE, [A]) + plan_for(store, "", dirs=("plain",))
     change(cache, models, outside)
-    found = ms.plan_changes(store, plan)
+    found = model_store.plan_changes(store, plan)
     text = "; ".join(found)
     for w in words:
         assert w in text, found
@@ -182,7 +182,7 @@ def test_plan_changes_catches_every_change_after_the_plan(tmp_path, change, word
 # ------------------------------------------------------------------------ the module, hooked
 HOOK = r"""
 import json, os, runpy, sys
-from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 change = json.loads(os.environ["MODELSWAP_TEST_CHANGE"])
 original = store_locks.LockSet.acquire_all
 fired = []

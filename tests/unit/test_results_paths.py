@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import runner
+from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 from tests.support.modules import REPO
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import runner
+from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import pytest
 from filelock import FileLock
 from huggingface_hub.utils import WeakFileLock
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
-from ansible_collections.modelswap.vllm.plugins.module_utils import store_locks as sl
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +31,7 @@ SNAP = "/data/hf/hub/models--org--m/snapshots/" + "a" * 40
     ("", None),
 ])
 def test_model_from_exec_start(value, model):
-    assert sm.model_from_argv(sm.exec_start_argv(value)) == model
+    assert served_model.model_from_argv(served_model.exec_start_argv(value)) == model
 
 
 @pytest.mark.parametrize("argv,server", [
@@ -45,7 +45,7 @@ def test_model_from_exec_start(value, model):
     ([], False),
 ])
 def test_is_vllm_server(argv, server):
-    assert sm.is_vllm_server(argv) is server
+    assert served_model.is_vllm_server(argv) is server
 
 
 def test_served_by_processes_resolves_local_folders_and_merges_workers():
@@ -56,14 +56,14 @@ def test_served_by_processes_resolves_local_folders_and_merges_workers():
         (60, ["/v/bin/vllm", "serve", "./x"], None),               # working folder unreadable
         (70, ["/usr/bin/sleep", "100"], "/"),
     ]
-    found = sm.served_by_processes(procs, exists=lambda path: path == "/data/models/kimi")
+    found = served_model.served_by_processes(procs, exists=lambda path: path == "/data/models/kimi")
     assert found == [{"pid": 40, "model": "/data/models/kimi"}, {"pid": 50, "model": "org/m"},
                      {"pid": 60, "model": "./x"}]
 
 
 def test_unit_file_exec_start_with_continuation():
     text = "[Service]\nExecStartPre=/bin/true\nExecStart=/opt/vllm/bin/vllm serve \\\n  /models/m \\\n  --port 1\n"
-    assert sm.model_from_argv(sm.exec_start_argv(sm.exec_start_from_unit_file(text))) == "/models/m"
+    assert served_model.model_from_argv(served_model.exec_start_argv(served_model.exec_start_from_unit_file(text))) == "/models/m"
 
 
 @pytest.mark.parametrize("show,expected", [
@@ -73,25 +73,25 @@ def test_unit_file_exec_start_with_continuation():
     ("LoadState=not-found\nActiveState=inactive\nExecStart=\n", None),
 ])
 def test_served_from_unit(show, expected):
-    assert sm.served_from_unit(sm.parse_systemctl_show(show)) == expected
+    assert served_model.served_from_unit(served_model.parse_systemctl_show(show)) == expected
 
 
 def test_deployment_record(tmp_path):
     path = tmp_path / "deployment.json"
-    assert sm.read_deployment_record(str(path)) is None
+    assert served_model.read_deployment_record(str(path)) is None
     path.write_text(json.dumps({"model": "m", "repo_id": "org/m", "commit": "a" * 40, "path": SNAP,
                                 "previous": {"model": "old"}}))
-    assert sm.read_deployment_record(str(path)) == {"model": "m", "repo_id": "org/m", "commit": "a" * 40,
+    assert served_model.read_deployment_record(str(path)) == {"model": "m", "repo_id": "org/m", "commit": "a" * 40,
                                                     "path": SNAP}
     path.write_text("{broken")
-    with pytest.raises(sm.ServedError, match="not valid JSON"):
-        sm.read_deployment_record(str(path))
+    with pytest.raises(served_model.ServedError, match="not valid JSON"):
+        served_model.read_deployment_record(str(path))
     path.write_text("{}")
-    with pytest.raises(sm.ServedError, match="names no model"):
-        sm.read_deployment_record(str(path))
+    with pytest.raises(served_model.ServedError, match="names no model"):
+        served_model.read_deployment_record(str(path))
     # model_fetch notes what it fetched before anything is deployed: nothing is served yet
     path.write_text(json.dumps({"fetched": {"m": {"repo_id": "org/m", "commit": "a" * 40}}}))
-    assert sm.read_deployment_record(str(path)) is None
+    assert served_model.read_deployment_record(str(path)) is None
 
 
 # ------------------------------------------------------------------------------------ locks
@@ -107,17 +107,17 @@ def test_probe_sees_a_held_download_lock(lockdir, holder):
     path = str(lockdir / ("e" * 64 + ".lock"))
     ctx = FileLock(path) if holder == "filelock" else WeakFileLock(path)
     with ctx:
-        assert sl.probe(path) is True
-        assert sl.busy_locks(str(lockdir)) == [path]
-        with sl.LockSet(str(lockdir)) as locks:
+        assert store_locks.probe(path) is True
+        assert store_locks.busy_locks(str(lockdir)) == [path]
+        with store_locks.LockSet(str(lockdir)) as locks:
             assert locks.acquire_all() == [path]
             assert locks.held == {}
-    assert sl.probe(path) is False
-    assert sl.busy_locks(str(lockdir)) == []
+    assert store_locks.probe(path) is False
+    assert store_locks.busy_locks(str(lockdir)) == []
 
 
 def test_probe_of_a_missing_lock_is_free_and_creates_nothing(lockdir):
-    assert sl.probe(str(lockdir / "nope.lock")) is False
+    assert store_locks.probe(str(lockdir / "nope.lock")) is False
     assert list(lockdir.iterdir()) == []
 
 
@@ -125,7 +125,7 @@ def test_lockset_holds_out_a_downloader_and_removes_stale_files(lockdir):
     """While we hold the repo's locks a downloader waits; unlinking while holding is safe."""
     path = lockdir / ("f" * 64 + ".lock")
     path.touch()
-    locks = sl.LockSet(str(lockdir))
+    locks = store_locks.LockSet(str(lockdir))
     assert locks.acquire_all() == []
     assert locks.acquire("new.lock") is True                 # created and held
     code = ("import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest
-from ansible_collections.modelswap.vllm.plugins.module_utils import snapshot_check as sc
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check as sc
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_unit
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ import shlex
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import vllm_unit as vu
-from ansible_collections.modelswap.vllm.plugins.module_utils.served_model import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit as vu
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
     exec_start_argv,
     model_from_argv,
 )

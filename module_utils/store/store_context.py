@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import disk_planning as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store as ms
-from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
-from ansible_collections.modelswap.vllm.plugins.module_utils import served_model as sm
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import nearest_existing
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model as sm
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import nearest_existing
 
 DEFAULT_RECORD = "/var/lib/modelswap/deployment.json"
 
@@ -126,12 +126,12 @@ def host_state(module, store, action: str, target_commit: str = "") -> dict:
         module.fail_json(msg="%s: %s" % (action, exc))
     unit = sm.read_unit(module, p["vllm_unit"])
     try:
-        state = dp.build_protections(
+        state = disk_plan.build_protections(
             store, models=p["models"], target=p["target"], target_commit=target_commit,
             keep=p["keep"], served=p["served"], record=record, record_path=p["deployment_record"],
             unit=unit, unit_name=p["vllm_unit"], protect_paths=p["protect_paths"],
             processes=running_vllm_servers())
-    except dp.PlanError as exc:
+    except disk_plan.PlanError as exc:
         module.fail_json(msg="%s: %s (nothing was changed)" % (action, exc))
     if not state["served"]["sources"]:
         module.warn("%s: the served model is unknown (no deployment record at %s, no model in unit "

@@ -19,7 +19,7 @@ import os
 import re
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2

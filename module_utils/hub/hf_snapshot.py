@@ -35,19 +35,19 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_verify as hv
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
-from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest as mf
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     StoreError,
     repo_folder_name,
     validate_repo_id,
 )
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import (
     files_with_suffix, listed, nearest_existing)
-from ansible_collections.modelswap.vllm.plugins.module_utils.store_locks import LockSet
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_locks import LockSet
 
 try:
     HAS_HF = importlib.util.find_spec("huggingface_hub") is not None
@@ -56,7 +56,7 @@ except (ImportError, ValueError):  # pragma: no cover
 
 REPO_LOCK_NAME = "modelswap.lock"                 # in <cache>/.locks/<repo folder>/
 LOCAL_LOCK_NAME = ".modelswap-download.lock"       # in <local_dir>/.cache/huggingface/download/
-DEFAULT_ENDPOINT = hc.DEFAULT_ENDPOINT
+DEFAULT_ENDPOINT = hub_client.DEFAULT_ENDPOINT
 _CONTENTION = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 MAX_BACKOFF_S = 60.0
 CHUNK_SIZE = 1024 * 1024
@@ -71,7 +71,7 @@ class FetchError(Exception):
         self.transient = transient
 
     @classmethod
-    def from_hub(cls, err: hc.HubError) -> "FetchError":
+    def from_hub(cls, err: hub_client.HubError) -> "FetchError":
         """The job's error for a HubError (its kind is the cause)."""
         return cls(str(err), err.kind, err.transient)
 
@@ -182,7 +182,7 @@ def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: b
 
     if isinstance(exc, FetchError):
         return exc
-    err = hc.classify(exc, getattr(hf, "errors", None), repo_id=repo_id, revision=revision, where=where,
+    err = hub_client.classify(exc, getattr(hf, "errors", None), repo_id=repo_id, revision=revision, where=where,
                       token_given=token_given, what=what, local=local)
     return err if isinstance(err, FetchError) else FetchError.from_hub(err)
 
@@ -565,8 +565,8 @@ def _size(path: str) -> int:
 def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit: str) -> dict:
     """{path: entry} kept by the patterns; FetchError when nothing is kept."""
     try:
-        return hc.select(listing, allow_patterns, ignore_patterns, repo_id, commit)
-    except hc.HubError as exc:
+        return hub_client.select(listing, allow_patterns, ignore_patterns, repo_id, commit)
+    except hub_client.HubError as exc:
         raise FetchError.from_hub(exc)
 
 
@@ -612,7 +612,7 @@ class SnapshotJob:
     # ---------------------------------------------------------------- helpers
     @property
     def where(self) -> str:
-        return hc.where_of(self.o["endpoint"])
+        return hub_client.where_of(self.o["endpoint"])
 
     def _p(self, **fields):
         if self.progress is not None:
@@ -656,17 +656,17 @@ class SnapshotJob:
             raise FetchError("revision %r is malformed; use a commit hash, a branch or a tag" % self.revision,
                              "bad_revision")
         given = self.o["resolved_commit"] or None
-        if given is not None and not hc.is_commit(given):
+        if given is not None and not hub_client.is_commit(given):
             raise FetchError("resolved_commit %r is not a commit: give the 40 lowercase hex digits the revision "
                              "was resolved to (disk_plan's target.commit), or leave it empty"
                              % (given,), "bad_option")
-        if given is not None and hc.is_commit(self.revision) and given != self.revision:
+        if given is not None and hub_client.is_commit(self.revision) and given != self.revision:
             raise FetchError("resolved_commit %s contradicts revision %s, itself a commit; pass one of them"
                              % (given, self.revision), "bad_option")
         try:
-            hc.refuse_insecure(self.o["endpoint"], bool(self.token) and not self.o["offline"],
+            hub_client.refuse_insecure(self.o["endpoint"], bool(self.token) and not self.o["offline"],
                                bool(self.o["http_endpoint_trusted"]), "fetch %s" % self.repo_id)
-        except hc.HubError as exc:
+        except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         # resolved as huggingface_hub resolves them, so paths and locks agree with the library's
         if self.o["local_dir"]:
@@ -675,7 +675,7 @@ class SnapshotJob:
             cache = self.o["cache_dir"] or self.hf.constants.HF_HUB_CACHE
             self.layout = CacheLayout(os.path.realpath(os.path.expanduser(cache)), self.repo_id)
         if self.client is None and self.hf is not None:
-            self.client = hc.HubClient(self.repo_id, self.hf, endpoint=self.o["endpoint"], token=self.token,
+            self.client = hub_client.HubClient(self.repo_id, self.hf, endpoint=self.o["endpoint"], token=self.token,
                                        call=self._retrying, api=self.api)
             self.api = self.client.api
         logger = logging.getLogger("huggingface_hub")
@@ -707,7 +707,7 @@ class SnapshotJob:
         self.requests_made = True
         try:
             self.commit = self.client.resolve(self.revision)
-        except hc.HubError as exc:
+        except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         self.resolved_by = "hub"
         return self.commit
@@ -744,8 +744,8 @@ class SnapshotJob:
                                  "the manifest %s" % self.manifest_file,
                                  "remove that manifest and run again (the files are verified again)")
         try:
-            cached = hc.cached_listing(self.layout.tree_roots, self.repo_id, self.commit)
-        except hc.HubError as exc:
+            cached = hub_client.cached_listing(self.layout.tree_roots, self.repo_id, self.commit)
+        except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         if cached is not None:
             self.listing, self.listing_source = cached[0], "tree_cache"
@@ -758,15 +758,15 @@ class SnapshotJob:
         self._p(state="resolving")
         try:
             self.listing = self.client.list_tree(self.commit)
-        except hc.HubError as exc:
+        except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         self.listing_source = "hub"
         return self.listing
 
     def _trusted(self, listing, source: str, what: str, fix: str) -> dict:
         try:
-            hc.trusted(listing, "%s for %s@%s" % (what, self.repo_id, self.commit[:12]), fix)
-        except hc.HubError as exc:
+            hub_client.trusted(listing, "%s for %s@%s" % (what, self.repo_id, self.commit[:12]), fix)
+        except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         self.listing, self.listing_source = listing, source
         return listing
@@ -901,7 +901,7 @@ class SnapshotJob:
         out["orphans_removed"] = [{"path": p, "bytes": b} for p, b in removed]
         out["orphans_busy"] = busy
         if layout.kind == "cache":
-            hc.write_tree(layout.repo_path, self.commit, self.listing)
+            hub_client.write_tree(layout.repo_path, self.commit, self.listing)
             if self.resolved_by == "hub":
                 mf.write_ref(layout.repo_path, self.revision, self.commit)
         needed = plan["bytes_to_fetch"]
@@ -1090,7 +1090,7 @@ class SnapshotJob:
                              "run again" % (len(missing), missing[0]), "error")
         manifest = mf.build_manifest(
             repo_id=self.repo_id, revision=self.revision, commit=self.commit,
-            endpoint=hc.endpoint_of(self.o["endpoint"]),
+            endpoint=hub_client.endpoint_of(self.o["endpoint"]),
             layout=self.layout.kind, snapshot=self.layout.snapshot(self.commit), listing=self.listing,
             verified=files, mode=self.o["verify"],
             patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},

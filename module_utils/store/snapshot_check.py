@@ -3,7 +3,7 @@
 """Is a model fetched and verified on this host? Where is its snapshot?
 
 vllm_service starts only a snapshot that hf_snapshot downloaded and verified: a manifest of
-format ``modelswap.hf_snapshot/1`` for ``repo_id@commit`` (module_utils/hf_manifest.py) whose
+format ``modelswap.hf_snapshot/1`` for ``repo_id@commit`` (module_utils/hub/hf_manifest.py) whose
 files are all still on disk exactly as they were verified (size, inode, mtime: one ``stat`` per
 file, no hashing). The snapshot is found, in this order:
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hf_manifest, hub_trust, model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest, hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
 # \Z, not $: "$" also matches before a trailing newline, which would reach the unit's comment.
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")

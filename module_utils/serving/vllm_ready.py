@@ -26,7 +26,7 @@ import urllib.error
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import SSLValidationError, open_url
-from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 
 GATES = ("port", "health", "models", "completion")
 PROC = "/proc"

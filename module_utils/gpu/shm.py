@@ -14,7 +14,7 @@ import os
 import pwd
 import stat
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 
 SHM_DIR = "/dev/shm"
 DEFAULT_PATTERNS = ("nccl-*", "psm_*", "sem.mp-*", "vllm_*")

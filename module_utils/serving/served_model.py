@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record as record_file
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record as record_file
 
 
 class ServedError(Exception):

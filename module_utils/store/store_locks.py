@@ -20,7 +20,7 @@ import fcntl
 import os
 import stat
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import files_with_suffix
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import files_with_suffix
 
 _CONTENTION = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 
 try:
     import matplotlib
@@ -46,7 +46,7 @@ def build(analysis, *, run_id, host, model, commit, target, deployment=None, pre
     cfg = analysis["config"]
     steps = analysis["steps"]
     report = {
-        "schema": bs.SCHEMA,
+        "schema": bench_stats.SCHEMA,
         "run": {
             "id": run_id, "host": host, "model": model, "commit": commit, "target": target,
             "started": iso(analysis["started_wall"]), "finished": iso(analysis["finished_wall"]),
@@ -65,11 +65,11 @@ def build(analysis, *, run_id, host, model, commit, target, deployment=None, pre
         "saturation": analysis["saturation"],
         "tokens": analysis["tokens"],
         "comparison": None,
-        "definitions": bs.DEFINITIONS,
+        "definitions": bench_stats.DEFINITIONS,
     }
     if previous is not None:
         prev_doc, prev_path = previous
-        rows = bs.compare(steps, prev_doc.get("steps", []), noise=noise)
+        rows = bench_stats.compare(steps, prev_doc.get("steps", []), noise=noise)
         sat, psat = analysis["saturation"], prev_doc.get("saturation") or {}
         headline = None
         if sat.get("peak_throughput") and psat.get("peak_throughput"):
@@ -102,7 +102,7 @@ def find_previous(results_root, host, model, current_run_dir, started_wall):
         except (OSError, ValueError):
             continue
         run = doc.get("run") or {}
-        if doc.get("schema") != bs.SCHEMA or not run.get("complete"):
+        if doc.get("schema") != bench_stats.SCHEMA or not run.get("complete"):
             continue
         fin = run.get("finished_wall") or 0
         if started_wall and fin >= started_wall:

@@ -5,13 +5,13 @@
 For CI jobs, AWX-style platforms and chat-ops bots that want structured results instead of
 console text::
 
-    from ansible_collections.modelswap.vllm.plugins.module_utils.runner import preview, migrate
+    from ansible_collections.modelswap.vllm.plugins.plugin_utils.runner import preview, migrate
     plan = preview("inventory/prod", serve="kimi-k2.5-int4")      # the --check --diff plan
     run = migrate("inventory/prod", serve="kimi-k2.5-int4")        # records, benchmark summary
 
 or from a shell::
 
-    python -m ansible_collections.modelswap.vllm.plugins.module_utils.runner \\
+    python -m ansible_collections.modelswap.vllm.plugins.plugin_utils.runner \\
         preview --inventory inventory/prod --serve kimi-k2.5-int4
 
 Roles hand their structured results to this interface through ``ansible.builtin.set_stats``
@@ -29,8 +29,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-# The repository or installed collection root: plugins/module_utils links to <root>/module_utils.
-ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+# The repository or installed collection root: this file is <root>/plugins/plugin_utils/runner.py.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 
 @dataclass

@@ -24,8 +24,8 @@ import json
 import os
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import deployment_record
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 
 FORMAT = "modelswap.hf_snapshot/1"
 MODE_RANK = {"size": 1, "full": 2}

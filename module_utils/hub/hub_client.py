@@ -28,9 +28,9 @@ import json
 import os
 import socket
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_trust as ht
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
-from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import COMMIT_RE, repo_folder_name
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import COMMIT_RE, repo_folder_name
 
 try:
     HAS_HF = importlib.util.find_spec("huggingface_hub") is not None

@@ -15,8 +15,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import hub_client as hc
-from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     DeletionSimulator,
     Item,
@@ -427,7 +427,7 @@ HUB_WAY_OUT = "or pass target_bytes to plan without the Hub"
 
 def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=None, token=None,
                 allow_patterns=None, ignore_patterns=None, http_endpoint_trusted: bool = False,
-                connect=hc.connect) -> dict:
+                connect=hub_client.connect) -> dict:
     """{"commit", "files", "source"}: the target's files after allow/ignore patterns, each
     ``{"path", "size", "etag"}`` (``etag``: the name its blob gets in the cache).
 
@@ -435,18 +435,18 @@ def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=No
     otherwise hub_client resolves the revision (one request) and lists the commit (the tree cache
     first, else one request: source ``hub``). Every failure is a PlanError.
     """
-    roots = (hc.tree_root(cache_dir, repo_id),) if cache_dir else ()
+    roots = (hub_client.tree_root(cache_dir, repo_id),) if cache_dir else ()
     listing = None
-    commit = revision if hc.is_commit(revision) else None
+    commit = revision if hub_client.is_commit(revision) else None
     try:
         if commit:   # a branch may have moved on the Hub: only a pinned commit is trusted offline
-            cached = hc.cached_listing(roots, repo_id, commit)
+            cached = hub_client.cached_listing(roots, repo_id, commit)
             if cached is not None:
                 listing, source = cached[0], "tree_cache"
         if listing is None:
-            hc.refuse_insecure(endpoint, bool(token), http_endpoint_trusted, "list %s@%s" % (repo_id, revision))
+            hub_client.refuse_insecure(endpoint, bool(token), http_endpoint_trusted, "list %s@%s" % (repo_id, revision))
             try:
-                if not hc.HAS_HF:
+                if not hub_client.HAS_HF:
                     raise ImportError("No module named 'huggingface_hub'")
                 client = connect(repo_id, endpoint=endpoint, token=token, fetching=False)
             except ImportError as exc:
@@ -455,8 +455,8 @@ def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=No
                                 % (repo_id, revision, exc))
             commit = client.resolve(revision)
             listing, source = client.listing(commit, roots)
-        chosen = hc.select(listing, allow_patterns, ignore_patterns, repo_id, commit) if listing else {}
-    except hc.HubError as exc:
+        chosen = hub_client.select(listing, allow_patterns, ignore_patterns, repo_id, commit) if listing else {}
+    except hub_client.HubError as exc:
         if exc.kind in ("insecure_endpoint", "bad_listing", "no_match"):
             raise PlanError(str(exc))
         raise PlanError("%s; %s" % (exc, HUB_WAY_OUT))

@@ -28,8 +28,8 @@ import os
 import re
 import tempfile
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.fsutil import atomic_write_text
-from ansible_collections.modelswap.vllm.plugins.module_utils.model_store import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     StoreError,
     validate_repo_id,
 )

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from ansible_collections.modelswap.vllm.plugins.module_utils import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
 # Arguments rendered first, in this order (the example fleet's flags and the common ones).
 ORDER = (

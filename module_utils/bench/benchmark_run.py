@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.modelswap.vllm.plugins.module_utils import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 
 CONFIG_SCHEMA = 1
 RAMP_GRACE_S = 30          # the ladder moves on when a ramp has not finished this long after ramp_s
@@ -75,8 +75,8 @@ def window_warnings(p, tolerance=None):
     check (bench_stats.littles_law_window, the rule the littles_law flag states), as messages;
     empty when every window is sure to hold enough requests per user. Before the run the E2E
     latency is unknown, so only the request counts can be checked."""
-    tolerance = tolerance or bs.DEFAULT_CHECKS["littles_law_tolerance"]
-    need = bs.littles_law_window(tolerance)
+    tolerance = tolerance or bench_stats.DEFAULT_CHECKS["littles_law_tolerance"]
+    need = bench_stats.littles_law_window(tolerance)
     n, multiple = need["requests_per_user"], need["e2el_multiple"]
     top = max(p["concurrency"])
     out = []
