@@ -182,8 +182,8 @@ def main():
             text = None        # a user's JSONL is sent as it is: no word calibration
     try:
         facts = benchmark_probe.probe(make_fetch(p["validate_certs"]), p["url"], p["model"], api=p["api"],
-                         api_key=p["api_key"], timeout=p["timeout"], calibration_text=text,
-                         metrics=p["metrics"])
+                                      api_key=p["api_key"], timeout=p["timeout"], calibration_text=text,
+                                      metrics=p["metrics"])
     except benchmark_probe.ProbeError as exc:
         module.fail_json(msg=exc.message, kind=exc.kind)
     dep = facts["deployment"]

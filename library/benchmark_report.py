@@ -233,8 +233,8 @@ def main():
     if p["compare"] and p["results_root"]:
         previous = benchmark_report.find_previous(p["results_root"], p["host"], p["model"], run_dir, analysis["started_wall"])
     report = benchmark_report.build(analysis, run_id=os.path.basename(run_dir), host=p["host"], model=p["model"],
-                      commit=p["commit"], target=p["target"] or analysis["config"].get("target"),
-                      deployment=p["deployment"], previous=previous, noise=p["noise"])
+                                    commit=p["commit"], target=p["target"] or analysis["config"].get("target"),
+                                    deployment=p["deployment"], previous=previous, noise=p["noise"])
     files, plots_error = benchmark_report.plan_files(report, plots=p["plots"], previous_doc=previous[0] if previous else None)
     written = benchmark_report.changed_files(run_dir, files)
     if written and not module.check_mode:

@@ -355,7 +355,7 @@ def main():
     if p["fail_on_does_not_fit"] and result["verdict"] == "does_not_fit":
         result.pop("changed")
         module.fail_json(msg="disk_plan: %s does not fit on %s: %s" % (repr(p["target"] or "the target"),
-                                                                     fs["path"], result["reason"]),
+                                                                       fs["path"], result["reason"]),
                          changed=False, **result)
     module.exit_json(**result)
 

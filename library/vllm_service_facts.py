@@ -267,7 +267,7 @@ def main():
     )
     p = module.params
     why = deployment_record.facts_options_problem(p["unit"], p["replaces"], p["port"],
-                                   p["model"]["repo_id"] if p["model"] else None)
+                                                  p["model"]["repo_id"] if p["model"] else None)
     if why:
         module.fail_json(msg="vllm_service_facts: %s" % why)
     try:

@@ -183,7 +183,7 @@ def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: b
     if isinstance(exc, FetchError):
         return exc
     err = hub_client.classify(exc, getattr(hf, "errors", None), repo_id=repo_id, revision=revision, where=where,
-                      token_given=token_given, what=what, local=local)
+                              token_given=token_given, what=what, local=local)
     return err if isinstance(err, FetchError) else FetchError.from_hub(err)
 
 
@@ -665,7 +665,7 @@ class SnapshotJob:
                              % (given, self.revision), "bad_option")
         try:
             hub_client.refuse_insecure(self.o["endpoint"], bool(self.token) and not self.o["offline"],
-                               bool(self.o["http_endpoint_trusted"]), "fetch %s" % self.repo_id)
+                                       bool(self.o["http_endpoint_trusted"]), "fetch %s" % self.repo_id)
         except hub_client.HubError as exc:
             raise FetchError.from_hub(exc)
         # resolved as huggingface_hub resolves them, so paths and locks agree with the library's
@@ -676,7 +676,7 @@ class SnapshotJob:
             self.layout = CacheLayout(os.path.realpath(os.path.expanduser(cache)), self.repo_id)
         if self.client is None and self.hf is not None:
             self.client = hub_client.HubClient(self.repo_id, self.hf, endpoint=self.o["endpoint"], token=self.token,
-                                       call=self._retrying, api=self.api)
+                                               call=self._retrying, api=self.api)
             self.api = self.client.api
         logger = logging.getLogger("huggingface_hub")
         if self.library_log not in logger.handlers:

@@ -104,6 +104,7 @@ def hub_error(e, errors, *, repo_id: str, revision: str, where: str, token_given
     """
     kept = " (completed files are kept)" if fetching else ""
     token_where = " (option token; in the role model_fetch_token)" if fetching else ""
+
     def isa(name):
         cls = getattr(errors, name, None) if errors is not None else None
         return cls is not None and isinstance(e, cls)

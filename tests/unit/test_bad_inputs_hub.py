@@ -144,8 +144,8 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(world, row_id, module,
         else:
             snap = str(repo_path(tmp_path) / "snapshots" / COMMIT)
             manifest = hf_manifest.build_manifest(repo_id=REPO_ID, revision=COMMIT, commit=COMMIT, endpoint=DEAD,
-                                         layout="cache", snapshot=snap, listing=files, verified={}, mode="full",
-                                         patterns={}, tool={})
+                                                  layout="cache", snapshot=snap, listing=files, verified={}, mode="full",
+                                                  patterns={}, tool={})
             hf_manifest.atomic_write_json(hf_manifest.manifest_path(str(repo_path(tmp_path)), COMMIT), manifest)
     before = tree_fingerprint(tmp_path)
     check_mode = extra.pop("_check", False)

@@ -185,8 +185,8 @@ def test_valid_entries_stay_valid(name, entry):
 def test_valid_unit_settings_stay_valid():
     assert vllm_unit.unit_problems(SAFE_UNIT) == []
     assert vllm_unit.unit_problems(dict(SAFE_UNIT, host="::", replaces=["vllm-minimax.service", "a@b.service"],
-                                 user="_vllm-1", home="/srv/vllm_home/a.b", guard=False,
-                                 open_routes=["/nope"], env={"VLLM_USE_RUST_FRONTEND": "1"})) == []
+                                        user="_vllm-1", home="/srv/vllm_home/a.b", guard=False,
+                                        open_routes=["/nope"], env={"VLLM_USE_RUST_FRONTEND": "1"})) == []
 
 
 @pytest.mark.parametrize("word, name", [

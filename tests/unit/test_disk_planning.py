@@ -57,7 +57,7 @@ def store(tmp_path):
 
 def protections(store, **kw):
     return disk_plan.build_protections(store, models=MODELS, target="target", keep=["keeper"],
-                                served="served", **kw)
+                                       served="served", **kw)
 
 
 def orphans_of(store):
@@ -136,9 +136,9 @@ def test_plan(store, available, needed, headroom, cands, with_orphans, allow, ve
         items = _items(store, *cands)
     fs = {"available": available, "block_size": 4096}
     result = disk_plan.make_plan(store, fs, needed_bytes=needed, headroom_bytes=headroom, candidates=items,
-                          orphans=orphans_of(store) if with_orphans else [],
-                          served_items=state["served_items"], served_label=state["served_label"],
-                          target_label="'target'", allow_served_purge=allow, download_rate=10 * 1024 ** 2)
+                                 orphans=orphans_of(store) if with_orphans else [],
+                                 served_items=state["served_items"], served_label=state["served_label"],
+                                 target_label="'target'", allow_served_purge=allow, download_rate=10 * 1024 ** 2)
     assert result["verdict"] == verdict, result["reason"]
     scratch = store.dirs["scratch"].path
     assert result["purge"] == [p.format(scratch=scratch) for p in purge]
@@ -156,7 +156,7 @@ def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     state = protections(store)
     items = disk_plan.order_lru(store, disk_plan.all_candidates(store, state["protections"])[0])
     plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0,
-                        candidates=items, orphans=orphans_of(store))
+                               candidates=items, orphans=orphans_of(store))
     sim = model_store.DeletionSimulator(store)
     total = sum(sim.apply(model_store.Item("orphan", folder=o.folder, path=o.path)).bytes for o in store.orphans)
     total += sum(sim.apply(i).bytes for i in items)
@@ -274,8 +274,8 @@ def test_served_from_record_path_and_unit(store):
     snap = store.repo("org/old").revisions[V2].path
     record = {"model": "old-2", "repo_id": None, "commit": None, "path": snap + "/"}
     state = disk_plan.build_protections(store, models=MODELS, record=record, record_path="/r.json",
-                                 unit={"model": "org/keep", "active": True, "unit_state": "active"},
-                                 unit_name="vllm.service")
+                                        unit={"model": "org/keep", "active": True, "unit_state": "active"},
+                                        unit_name="vllm.service")
     prot = state["protections"]
     old_v2 = disk_plan.resolve_item(store, "org/old@" + V2, MODELS)
     old_v1 = disk_plan.resolve_item(store, "org/old@" + V1, MODELS)

@@ -99,8 +99,8 @@ def test_manifest_covers_only_unchanged_files(tmp_path):
         algo, digest = hf_verify.expected_digest(wanted[name])
         verified[name] = dict(hf_manifest.fingerprint(path.stat()), algo=algo, digest=digest)
     man = hf_manifest.build_manifest(repo_id="o/r", revision="main", commit="c" * 40, endpoint="e", layout="cache",
-                            snapshot=str(tmp_path), listing=wanted, verified=verified, mode="full",
-                            patterns={}, tool={})
+                                     snapshot=str(tmp_path), listing=wanted, verified=verified, mode="full",
+                                     patterns={}, tool={})
     mpath = hf_manifest.manifest_path(str(tmp_path), "c" * 40)
     hf_manifest.atomic_write_json(mpath, man)
     back = hf_manifest.read_manifest(mpath, "o/r", "c" * 40)

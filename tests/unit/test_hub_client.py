@@ -39,7 +39,7 @@ def errors_module():
     (lambda: http_error("GatedRepoError", 401), "gated", False, ["o/r is a gated repository", "no token was given"],
      "model_fetch_token"),
     (lambda: http_error("RepositoryNotFoundError", 404), "repo_not_found", False, ["repository o/r was not found",
-                                                                                  "HTTP 404"], None),
+                                                                                   "HTTP 404"], None),
     (lambda: http_error("RevisionNotFoundError", 404), "revision_not_found", False, ["revision 'main'",
                                                                                      "pin an existing"], None),
     (lambda: http_error("RemoteEntryNotFoundError", 404), "entry_not_found", True, ["answered 404"], None),
@@ -79,17 +79,17 @@ def test_classify_searches_the_chain_and_asks_local_last():
             raise errors_module().LocalEntryNotFoundError("cannot find the requested files") from exc
     except Exception as outer:
         err = hub_client.classify(outer, errors_module(), repo_id="o/r", revision="main", where="w", token_given=True,
-                          what="x")
+                                  what="x")
     assert err.kind == "gated" and "the token given has no access" in str(err)
     disk = OSError(errno.ENOSPC, "No space left on device")
     local = hub_client.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False, what="x",
-                        local=lambda e: hub_client.HubError("full", "disk_full") if getattr(e, "errno", None) else None)
+                                local=lambda e: hub_client.HubError("full", "disk_full") if getattr(e, "errno", None) else None)
     assert local.kind == "disk_full"
     # hf_download keeps its own kinds for this host's failures, the Hub's come from hub_client
     assert hf_snapshot.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False,
-                       what="x").cause == "disk_full"
+                                what="x").cause == "disk_full"
     assert hf_snapshot.classify(ConnectionRefusedError(111, "no"), None, repo_id="o/r", revision="main", where="w",
-                       token_given=False, what="x").cause == "unreachable"
+                                token_given=False, what="x").cause == "unreachable"
 
 
 def test_an_insecure_endpoint_is_refused_before_any_request():
@@ -175,7 +175,7 @@ class FakeApi:
     def __init__(self, files=None, fail=None):
         self.calls = []
         self.files = files if files is not None else [RepoFile("config.json", 3, A40), Folder(),
-                                                       RepoFile("w.safetensors", 10, B40, S64)]
+                                                      RepoFile("w.safetensors", 10, B40, S64)]
         self.fail = fail
 
     def repo_info(self, repo_id, revision, repo_type):
@@ -244,7 +244,7 @@ def test_disk_planning_lists_through_the_client(tmp_path):
         return client(api, fetching=kw["fetching"])
 
     listed = disk_plan.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
-                            connect=connect)
+                                   connect=connect)
     assert listed == {"commit": COMMIT, "source": "hub", "files": [{"path": "w.safetensors", "size": 10, "etag": S64}]}
     assert api.calls == [("repo_info", "main"), ("list_repo_tree", COMMIT)] and made[0]["fetching"] is False
     # a pinned commit whose tree is cached: no client at all

@@ -161,8 +161,8 @@ def served_cache(tmp_path):
                         algo="sha256" if "lfs_sha256" in listing[p] else "git-sha1",
                         digest=listing[p].get("lfs_sha256") or listing[p]["blob_id"]) for p in files}
     manifest = hf_manifest.build_manifest(repo_id="o/r", revision="main", commit=commit_a, endpoint="e", layout="cache",
-                                 snapshot=str(snap), listing=listing, verified=verified, mode="full",
-                                 patterns={}, tool={})
+                                          snapshot=str(snap), listing=listing, verified=verified, mode="full",
+                                          patterns={}, tool={})
     hf_manifest.atomic_write_json(hf_manifest.manifest_path(layout.meta_root, commit_a), manifest)
     return cache, layout, commit_a, snap, listing
 

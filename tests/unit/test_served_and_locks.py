@@ -82,7 +82,7 @@ def test_deployment_record(tmp_path):
     path.write_text(json.dumps({"model": "m", "repo_id": "org/m", "commit": "a" * 40, "path": SNAP,
                                 "previous": {"model": "old"}}))
     assert served_model.read_deployment_record(str(path)) == {"model": "m", "repo_id": "org/m", "commit": "a" * 40,
-                                                    "path": SNAP}
+                                                              "path": SNAP}
     path.write_text("{broken")
     with pytest.raises(served_model.ServedError, match="not valid JSON"):
         served_model.read_deployment_record(str(path))

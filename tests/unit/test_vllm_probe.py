@@ -101,7 +101,7 @@ def test_all_gates_pass_in_order_with_the_key():
     fake = FakeVllm(health_after=2)
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                            budget=10, poll=0.05, request_timeout=2)
+                                    budget=10, poll=0.05, request_timeout=2)
     assert out["ready"] is True, out
     assert list(out["gates"]) == ["port", "health", "models", "completion"]
     assert all(v >= 0 for v in out["gates"].values())
@@ -116,7 +116,7 @@ def test_all_gates_pass_in_order_with_the_key():
 def test_port_gate_times_out_with_the_last_error():
     port = free_port()
     out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="x", budget=0.3, poll=0.05,
-                        request_timeout=0.5)
+                                request_timeout=0.5)
     assert out["ready"] is False
     assert out["failed_gate"] == "port" and out["stopped_by"] == "timeout"
     assert "does not accept connections" in out["last_error"]
@@ -127,7 +127,7 @@ def test_health_that_stays_503_fails_at_the_health_gate():
     fake = FakeVllm(health_after=10 ** 6)
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                            budget=0.4, poll=0.05)
+                                    budget=0.4, poll=0.05)
     assert out["failed_gate"] == "health" and out["stopped_by"] == "timeout"
     assert "503" in out["last_error"]
     assert list(out["gates"]) == ["port"]
@@ -137,7 +137,7 @@ def test_without_the_api_gates_a_server_of_unknown_key_is_ready_at_health():
     fake = FakeVllm()
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, api_key="not-its-key", budget=30, poll=0.05,
-                            api=False)
+                                    api=False)
     assert out["ready"] is True and list(out["gates"]) == ["port", "health"]
 
 
@@ -145,7 +145,7 @@ def test_wrong_api_key_stops_at_once():
     fake = FakeVllm()
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key="wrong",
-                            budget=30, poll=0.05)
+                                    budget=30, poll=0.05)
     assert out["ready"] is False and out["stopped_by"] == "final"
     assert out["failed_gate"] == "models"
     assert "rejected the API key" in out["last_error"]
@@ -156,7 +156,7 @@ def test_another_model_on_the_port_stops_at_once():
     fake = FakeVllm(served="tiny-b")
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                            budget=30, poll=0.05)
+                                    budget=30, poll=0.05)
     assert out["failed_gate"] == "models" and out["stopped_by"] == "final"
     assert "['tiny-b'], not 'tiny-a'" in out["last_error"]
 
@@ -166,7 +166,7 @@ def test_models_5xx_is_retried_until_the_budget():
     with serve(fake) as port:
         # a budget of many polls: on a loaded machine the health gate alone can take 0.2 s
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                            budget=1.5, poll=0.05)
+                                    budget=1.5, poll=0.05)
     assert out["failed_gate"] == "models" and out["stopped_by"] == "timeout"
     assert sum(1 for c in fake.calls if c[1] == "/v1/models") >= 2
 
@@ -175,10 +175,10 @@ def test_completion_4xx_is_final_and_can_be_skipped():
     fake = FakeVllm(completion_status=400)
     with serve(fake) as port:
         out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                            budget=30, poll=0.05)
+                                    budget=30, poll=0.05)
         assert out["failed_gate"] == "completion" and out["stopped_by"] == "final"
         skipped = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
-                                budget=5, poll=0.05, completion=False)
+                                        budget=5, poll=0.05, completion=False)
     assert skipped["ready"] is True and "completion" not in skipped["gates"]
 
 
