@@ -28,18 +28,11 @@ import tempfile
 import threading
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
+
 STATES = ("starting", "resolving", "waiting", "cleaning", "downloading", "verifying", "done", "failed")
 FINAL_STATES = ("done", "failed")
 RATE_WINDOW_S = 20.0
-
-
-def human_bytes(num) -> str:
-    num = float(num)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return "%d %s" % (num, unit) if unit == "B" else "%.1f %s" % (num, unit)
-        num /= 1024.0
-    return "%.1f TiB" % num  # pragma: no cover
 
 
 def human_duration(seconds) -> str:

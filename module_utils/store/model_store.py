@@ -26,6 +26,8 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
+
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 FOLDER_PREFIX = {v: k for k, v in REPO_TYPES.items()}
 # \Z, not $: "$" also matches before a trailing newline ("org/name\n" would pass)
@@ -81,18 +83,6 @@ def round_up(size: int, block: int) -> int:
     if block <= 0:
         return size
     return -(-size // block) * block
-
-
-def human_bytes(num) -> str:
-    """1536 -> '1.5 KiB' (binary units, for messages and summaries)."""
-    num = float(num)
-    sign = "-" if num < 0 else ""
-    num = abs(num)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if num < 1024 or unit == "PiB":
-            return "%s%d %s" % (sign, num, unit) if unit == "B" else "%s%.1f %s" % (sign, num, unit)
-        num /= 1024.0
-    return "%s%.1f PiB" % (sign, num)  # pragma: no cover
 
 
 def is_within(path: str, root: str) -> bool:

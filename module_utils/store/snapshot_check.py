@@ -18,19 +18,18 @@ through ``fetched.<name>`` (model_fetch records the commit it resolved).
 from __future__ import annotations
 
 import os
-import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest, hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
-# \Z, not $: "$" also matches before a trailing newline, which would reach the unit's comment.
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+# model_store owns the commit rule (\Z, not $: "$" also matches before a trailing newline).
+COMMIT_RE = model_store.COMMIT_RE
 MODES = ("full", "size", "none")
 FIX = "fetch it first (playbooks/fetch.yml, role model_fetch)"
 
 
 def repo_folder(repo_id: str) -> str:
-    return "models--" + repo_id.replace("/", "--")
+    return model_store.repo_folder_name(repo_id)
 
 
 def manifest_for(path: str, commit: str, cache_dir=None, repo_id=None) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import units
+
 RECORD_SCHEMA = 1
 
 
@@ -19,16 +21,11 @@ def clean_path(value):
 
 
 def human_bytes(value) -> str:
-    """1536 -> '1.5 KiB' (binary units, what df -h prints)."""
+    """1536 -> '1.5 KiB' (common/units.py); '?' for what is not a number (a missing fact)."""
     try:
-        size = float(value)
+        return units.human_bytes(value)
     except (TypeError, ValueError):
         return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(size) < 1024 or unit == "PiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return "?"
 
 
 def human_seconds(value) -> str:
