@@ -14,6 +14,8 @@ import json
 import re
 import socket
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_metrics
+
 SNAPSHOT_COMMIT = re.compile(r"/snapshots/([0-9a-f]{40})(?:/|$)")
 CALIBRATION_WORDS = (40, 160)
 
@@ -123,32 +125,6 @@ def calibrate(samples):
             "fallback": False}
 
 
-def parse_metrics(text, model=None):
-    """{metric name: summed value} of vLLM's `vllm:` samples (of `model` when labelled), and the
-    labels of vllm:cache_config_info (the engine's cache settings)."""
-    values, cache_config = {}, {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name, brace, rest = line.partition("{")
-        labels = ""
-        if brace:
-            labels, _, value = rest.rpartition("}")
-        else:
-            name, _, value = line.partition(" ")
-        if model and 'model_name="' in labels and f'model_name="{model}"' not in labels:
-            continue
-        if name == "vllm:cache_config_info":
-            cache_config.update(dict(re.findall(r'(\w+)="([^"]*)"', labels)))
-            continue
-        try:
-            v = float(value.split()[0])
-        except (ValueError, IndexError):
-            continue
-        values[name] = values.get(name, 0.0) + v
-    return values, cache_config
-
-
 def deployment_facts(model_entry, version, cache_config):
     """What the server says about its deployment: version, model root (a Hugging Face snapshot path
     names the commit), context length, cache settings."""
@@ -209,7 +185,7 @@ def probe(fetch, url, model, *, api="chat", api_key=None, timeout=30.0, calibrat
         try:
             ms, mb = fetch("GET", f"{url}/metrics", None, {}, timeout)
             if ms == 200:
-                metric_values, cache_config = parse_metrics(mb.decode("utf-8", "replace"), model)
+                metric_values, cache_config = vllm_metrics.parse_metrics(mb.decode("utf-8", "replace"), model)
                 if "vllm:num_requests_running" not in metric_values:
                     metrics_error = "/metrics has no vllm:num_requests_running: server concurrency unconfirmed"
             else:

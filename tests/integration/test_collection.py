@@ -42,6 +42,9 @@ def test_the_installed_collection_resolves_modules_through_its_plugins_links(ins
     assert (root / "plugins" / "modules" / "modelswap_info.py").is_file()
     assert (root / "plugins" / "module_utils" / "common" / "about.py").is_file()
     assert (root / "plugins" / "plugin_utils" / "runner.py").is_file()
+    # the load hosts' copy of the /metrics parser: the role's link resolves to module_utils' file
+    shipped = root / "roles" / "benchmark" / "files" / "vllm_metrics.py"
+    assert shipped.is_file() and shipped.read_text() == (root / "module_utils" / "bench" / "vllm_metrics.py").read_text()
 
 
 def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats as bs
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -337,7 +338,7 @@ def test_parse_metrics_keeps_the_served_models_samples():
             'vllm:num_requests_running{engine="1",model_name="a"} 2.0\n'
             'vllm:num_requests_running{engine="0",model_name="b"} 7.0\n'
             '# HELP x\nvllm:generation_tokens_total{model_name="a"} 1.5e3\n')
-    values, _ = benchmark_probe.parse_metrics(text, "a")
+    values, _ = vllm_metrics.parse_metrics(text, "a")
     assert values["vllm:num_requests_running"] == 5.0
     assert values["vllm:generation_tokens_total"] == 1500.0
 
@@ -445,3 +446,28 @@ def test_the_plan_lines_name_the_ladder_windows_bounds_and_target():
     assert f"bounds: at most {benchmark_run.bounds(p)['seconds']:,} s in all" in text and "2,000 measured requests" in text
     assert "load: one Locust process, scheduling realtime" in text
     assert lines[-1] == "  WARNING: a warning"
+
+
+def test_the_locustfile_reads_metrics_with_the_probes_rules():
+    """The load generator samples /metrics during a run; it must read what the probe reads. The
+    role ships the probe's parser beside the locustfile (a link), and the locustfile maps it to
+    the raw record's short keys, summing the engines of the served model only."""
+    import ast
+    from pathlib import Path
+
+    files = Path(__file__).resolve().parents[2] / "roles" / "benchmark" / "files"
+    assert (files / "vllm_metrics.py").resolve() == Path(vllm_metrics.__file__).resolve()
+    tree = ast.parse((files / "locustfile.py").read_text())
+    wanted = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "server_sample")
+              or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "METRIC_KEYS")]
+    assert len(wanted) == 2
+    assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "parse_metrics"]
+    namespace = {"parse_metrics": vllm_metrics.parse_metrics}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "locustfile.py", "exec"), namespace)
+    text = ('vllm:num_requests_running{engine="0",model_name="a"} 3.0\n'
+            'vllm:num_requests_running{engine="1",model_name="a"} 2.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="b"} 7.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.25\n'
+            'vllm:cache_config_info{block_size="16",model_name="a"} 1.0\n'
+            'vllm:iteration_tokens_total_bucket{le="1",model_name="a"} 9.0\n')
+    assert namespace["server_sample"](text, "a") == {"running": 5.0, "kv": 0.25}

@@ -35,6 +35,9 @@ import gevent
 from geventhttpclient import HTTPClient
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
+# Shipped beside this file (the collection's module_utils/bench/vllm_metrics.py): the probe reads
+# /metrics with the same rules.
+from vllm_metrics import parse_metrics
 
 perf = time.perf_counter
 SCHEMA = 1
@@ -203,7 +206,7 @@ class MasterState:
                 text = resp.read().decode("utf-8", "replace")
             if resp.status_code != 200:
                 raise ValueError(f"HTTP {resp.status_code}")
-            rec.update(parse_metrics(text, self.cfg.get("served_model_name") or self.cfg["model"]))
+            rec.update(server_sample(text, self.cfg.get("served_model_name") or self.cfg["model"]))
             rec["ok"] = True
         except (Exception, gevent.Timeout) as exc:   # noqa: BLE001 - a sample may fail; say so
             rec.update(ok=False, err=f"{type(exc).__name__}: {exc}"[:200])
@@ -224,27 +227,14 @@ METRIC_KEYS = {
 }
 
 
-def parse_metrics(text, model):
-    """Sum vLLM's gauges and counters over label sets of the served model (Prometheus text)."""
+def server_sample(text, model):
+    """The served model's gauges and counters, by the short keys of a raw record."""
+    values, _ = parse_metrics(text, model)
     out = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        name, _, rest = line.partition("{")
-        if rest:
-            labels, _, value = rest.rpartition("}")
-            if 'model_name="' in labels and f'model_name="{model}"' not in labels:
-                continue
-        else:
-            name, _, value = line.partition(" ")
-        key = METRIC_KEYS.get(name.strip())
-        if key is None:
-            continue
-        try:
-            v = float(value.split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[key] = out.get(key, 0.0) + v
+    for name, value in values.items():
+        key = METRIC_KEYS.get(name)
+        if key is not None:
+            out[key] = out.get(key, 0.0) + value
     return out
 
 
