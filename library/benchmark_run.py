@@ -284,6 +284,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 
 
 def tail(path, n=4000):
@@ -383,9 +384,7 @@ def main():
         module.fail_json(msg=f"benchmark: {run_dir} already holds a run (raw/master.jsonl); give each run "
                              "its own folder", **result)
     os.makedirs(raw_dir, exist_ok=True)
-    with open(config_path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(cfg, fh, indent=1)
-    os.replace(config_path + ".tmp", config_path)
+    atomic_write_text(config_path, json.dumps(cfg, indent=1), 0o644)
     if p["prepare_only"]:
         module.exit_json(**result)
 

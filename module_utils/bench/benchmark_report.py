@@ -16,11 +16,11 @@ import glob
 import io
 import json
 import os
-import tempfile
 import time
 import traceback
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_bytes
 
 try:
     import matplotlib
@@ -425,13 +425,4 @@ def changed_files(run_dir, files):
 def write_files(run_dir, files, names):
     """Write `names` of `files` atomically (temp file + rename), mode 0644."""
     for name in names:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=run_dir)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(files[name])
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, os.path.join(run_dir, name))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_bytes(os.path.join(run_dir, name), files[name], 0o644)

@@ -9,24 +9,49 @@ import os
 import tempfile
 
 
-def atomic_write_text(path: str, text: str, mode: int = 0o644, makedirs: bool = False) -> None:
-    """Replace ``path`` with ``text`` atomically: a temp file in the same folder, fsync, rename.
-    A reader sees the old file or the new one, never half of one."""
+def _atomic_replace(path: str, write, mode: int, makedirs: bool, dir_mode: int, fsync: bool) -> None:
+    """Replace ``path`` with what ``write(binary file)`` writes: a temp file in the same folder
+    (created with ``mode`` before any byte is in it), optionally fsync'd, renamed over ``path``.
+    A reader sees the old file or the new one, never half of one; a failure leaves no temp file."""
     directory = os.path.dirname(path) or "."
     if makedirs:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=dir_mode, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o644, makedirs: bool = False,
+                       dir_mode: int = 0o755, fsync: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (see _atomic_replace). ``fsync=False`` for files
+    rewritten every second whose loss in a crash costs nothing (a progress file)."""
+    _atomic_replace(path, lambda fh: fh.write(data), mode, makedirs, dir_mode, fsync)
+
+
+def atomic_write_text(path: str, text: str, mode: int = 0o644, makedirs: bool = False,
+                      fsync: bool = True) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode, makedirs, fsync=fsync)
+
+
+def atomic_copy(src: str, dest: str, mode: int, makedirs: bool = False, dir_mode: int = 0o755) -> None:
+    """Copy ``src`` over ``dest`` atomically with ``mode``, in 1 MiB chunks (a large file never sits
+    in memory whole)."""
+    def write(out):
+        with open(src, "rb") as inp:
+            for chunk in iter(lambda: inp.read(1 << 20), b""):
+                out.write(chunk)
+    _atomic_replace(dest, write, mode, makedirs, dir_mode, True)
 
 
 def listed(directory: str) -> list:

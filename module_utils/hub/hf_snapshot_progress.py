@@ -24,10 +24,10 @@ import collections
 import contextlib
 import json
 import os
-import tempfile
 import threading
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
 
 STATES = ("starting", "resolving", "waiting", "cleaning", "downloading", "verifying", "done", "failed")
@@ -251,17 +251,8 @@ class Progress:
 
 
 def _atomic_write(path: str, data: dict) -> None:
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # No fsync: the file is rewritten every second or so, and a crash loses only a progress line.
+    atomic_write_text(path, json.dumps(data, sort_keys=True), 0o644, fsync=False)
 
 
 # --------------------------------------------------------------------------------------------

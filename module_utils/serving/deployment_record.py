@@ -26,9 +26,8 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_copy, atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     StoreError,
     validate_repo_id,
@@ -267,19 +266,6 @@ def plan_saved(files, sums: dict, deployment_replaced: bool) -> list:
 
 
 def copy_file(src: str, dest: str, mode: int) -> None:
-    """Copy ``src`` over ``dest`` atomically with ``mode`` (a temp file in dest's folder)."""
-    directory = os.path.dirname(dest) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dest) + ".", dir=directory)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-            for chunk in iter(lambda: inp.read(1 << 20), b""):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Copy ``src`` over ``dest`` atomically with ``mode``; dest's folder is created 0700 (it holds
+    the saved unit and environment files)."""
+    atomic_copy(src, dest, mode, makedirs=True, dir_mode=0o700)

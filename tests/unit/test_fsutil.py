@@ -6,7 +6,7 @@ import os
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import (
-    atomic_write_text, files_with_suffix, listed, nearest_existing)
+    atomic_copy, atomic_write_bytes, atomic_write_text, files_with_suffix, listed, nearest_existing)
 
 pytestmark = pytest.mark.unit
 
@@ -30,6 +30,38 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         atomic_write_text(str(target), "new")
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["record.json"]
+
+
+def test_the_mode_is_set_before_the_content_is_written(tmp_path, monkeypatch):
+    """A 0600 file (a saved environment file holds the API key) is never readable by others, not
+    even while it is being written."""
+    seen = []
+    real_fdopen = os.fdopen
+
+    def spying_fdopen(fd, *args, **kwargs):
+        seen.append(os.fstat(fd).st_mode & 0o777)
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", spying_fdopen)
+    atomic_write_bytes(str(tmp_path / "env"), b"KEY=secret\n", 0o600)
+    assert seen == [0o600] and (tmp_path / "env").read_bytes() == b"KEY=secret\n"
+
+
+def test_atomic_copy_copies_in_chunks_with_the_mode_and_the_folder_mode(tmp_path):
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(3 * (1 << 20) + 17))
+    dest = tmp_path / "saved" / "active" / "big"
+    atomic_copy(str(src), str(dest), 0o600, makedirs=True, dir_mode=0o700)
+    assert dest.read_bytes() == src.read_bytes() and (dest.stat().st_mode & 0o777) == 0o600
+    assert (dest.parent.stat().st_mode & 0o777) == 0o700 and os.listdir(dest.parent) == ["big"]
+
+
+def test_a_failed_copy_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    dest = tmp_path / "unit"
+    dest.write_text("old")
+    with pytest.raises(FileNotFoundError):
+        atomic_copy(str(tmp_path / "missing"), str(dest), 0o644)
+    assert dest.read_text() == "old" and os.listdir(tmp_path) == ["unit"]
 
 
 def test_files_with_suffix_skips_symlinks_and_descends_only_when_asked(tmp_path):
