@@ -26,23 +26,8 @@ description:
     server's context length.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - modelswap.vllm.benchmark_target
 options:
-  url:
-    description: Base URL of the server, without C(/v1), e.g. C(http://10.0.0.5:8000).
-    type: str
-    required: true
-  model:
-    description: The served model name (vLLM's C(--served-model-name)).
-    type: str
-    required: true
-  api:
-    description: Which API the benchmark uses.
-    type: str
-    choices: [chat, completions]
-    default: chat
-  api_key:
-    description: The server's API key (sent as a Bearer token). Never logged or returned.
-    type: str
   timeout:
     description: Seconds to wait for each answer.
     type: float
@@ -153,10 +138,7 @@ def make_fetch(validate_certs):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            model=dict(type="str", required=True),
-            api=dict(type="str", choices=["chat", "completions"], default="chat"),
-            api_key=dict(type="str", no_log=True),
+            **benchmark_probe.TARGET_ARGS,
             timeout=dict(type="float", default=30.0),
             validate_certs=dict(type="bool", default=True),
             calibration_text=dict(type="path"),

@@ -30,23 +30,8 @@ description:
     (C(--processes)); O(expect_workers) makes this a Locust master for workers on other hosts.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - modelswap.vllm.benchmark_target
 options:
-  url:
-    description: Base URL of the server, without C(/v1).
-    type: str
-    required: true
-  model:
-    description: The served model name.
-    type: str
-    required: true
-  api:
-    description: C(chat) streams C(/v1/chat/completions), C(completions) streams C(/v1/completions).
-    type: str
-    choices: [chat, completions]
-    default: chat
-  api_key:
-    description: The server's API key; passed to Locust in its environment, never written or returned.
-    type: str
   concurrency:
     description: The ladder - rising positive numbers of concurrent streams.
     type: list
@@ -283,6 +268,7 @@ import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 
@@ -298,10 +284,7 @@ def tail(path, n=4000):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            model=dict(type="str", required=True),
-            api=dict(type="str", choices=["chat", "completions"], default="chat"),
-            api_key=dict(type="str", no_log=True),
+            **benchmark_probe.TARGET_ARGS,
             concurrency=dict(type="list", elements="int", required=True),
             input_tokens=dict(type="int", default=1024, no_log=False),
             output_tokens=dict(type="int", default=128, no_log=False),

@@ -19,6 +19,15 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_m
 SNAPSHOT_COMMIT = re.compile(r"/snapshots/([0-9a-f]{40})(?:/|$)")
 CALIBRATION_WORDS = (40, 160)
 
+# The server a benchmark talks to: the options benchmark_probe and benchmark_run share (their
+# documentation is the modelswap.vllm.benchmark_target fragment).
+TARGET_ARGS = dict(
+    url=dict(type="str", required=True),
+    model=dict(type="str", required=True),
+    api=dict(type="str", choices=["chat", "completions"], default="chat"),
+    api_key=dict(type="str", no_log=True),
+)
+
 
 class ProbeError(Exception):
     def __init__(self, kind, message):
