@@ -161,14 +161,14 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record as dr
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
 
 
 def with_checksums(deployment, unit_file, env_file):
     out = dict(deployment)
     for key, path in (("unit_checksum", unit_file), ("env_checksum", env_file)):
         if path and not out.get(key):
-            out[key] = dr.sha256_file(path)
+            out[key] = deployment_record.sha256_file(path)
     return out
 
 
@@ -194,7 +194,7 @@ def main():
     p = module.params
     path = p["path"]
     modes = {}
-    why = dr.options_problem(p["mode"], p["saved_files"], p["saved_dir"])
+    why = deployment_record.options_problem(p["mode"], p["saved_files"], p["saved_dir"])
     if why:
         module.fail_json(msg="deployment_record: %s (nothing was written)" % why)
     mode = int(p["mode"], 8)
@@ -202,8 +202,8 @@ def main():
         modes[f["name"]] = int(f["mode"], 8)
 
     def answer(record, changed, diff=None, saved=None):
-        result = {"changed": changed, "record": record, "deployment": dr.current(record),
-                  "previous": dr.previous(record), "path": path}
+        result = {"changed": changed, "record": record, "deployment": deployment_record.current(record),
+                  "previous": deployment_record.previous(record), "path": path}
         if saved is not None:
             result["saved"] = saved
         if diff is not None and module._diff:
@@ -215,10 +215,10 @@ def main():
             return []
         sums = {}
         for f in p["saved_files"]:
-            sums[("live", f["name"])] = dr.sha256_file(f["path"])
+            sums[("live", f["name"])] = deployment_record.sha256_file(f["path"])
             for kind in ("active", "previous"):
-                sums[(kind, f["name"])] = dr.sha256_file(os.path.join(p["saved_dir"], kind, f["name"]))
-        return dr.plan_saved(p["saved_files"], sums, replaced)
+                sums[(kind, f["name"])] = deployment_record.sha256_file(os.path.join(p["saved_dir"], kind, f["name"]))
+        return deployment_record.plan_saved(p["saved_files"], sums, replaced)
 
     def summary(actions):
         if not p["saved_dir"]:
@@ -228,32 +228,32 @@ def main():
 
     try:
         if p["state"] == "read":
-            answer(dr.read(path), False)
+            answer(deployment_record.read(path), False)
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         deployment = with_checksums(p["deployment"], p["unit_file"], p["env_file"])
         # plan first, without the lock: a bad deployment or an unreadable record changes nothing
-        before = dr.read(path)
-        after, changed = dr.record_deployment(before, deployment, when)
+        before = deployment_record.read(path)
+        after, changed = deployment_record.record_deployment(before, deployment, when)
         if module.check_mode:
-            actions = saved_plan(changed and dr.current(before) is not None)
+            actions = saved_plan(changed and deployment_record.current(before) is not None)
             answer(after, changed or bool(actions),
-                   {"before": dr.dumps(before) if before else "", "after": dr.dumps(after),
+                   {"before": deployment_record.dumps(before) if before else "", "after": deployment_record.dumps(after),
                     "before_header": path, "after_header": path}, summary(actions))
-        with dr.locked(path):
-            before = dr.read(path)
-            after, changed = dr.record_deployment(before, deployment, when)
-            actions = saved_plan(changed and dr.current(before) is not None)
+        with deployment_record.locked(path):
+            before = deployment_record.read(path)
+            after, changed = deployment_record.record_deployment(before, deployment, when)
+            actions = saved_plan(changed and deployment_record.current(before) is not None)
             by_name = {f["name"]: f for f in p["saved_files"]}
             for action, name in actions:
                 if action == "rotate":
-                    dr.copy_file(os.path.join(p["saved_dir"], "active", name),
-                                 os.path.join(p["saved_dir"], "previous", name), modes[name])
+                    deployment_record.copy_file(os.path.join(p["saved_dir"], "active", name),
+                                                os.path.join(p["saved_dir"], "previous", name), modes[name])
                 else:
-                    dr.copy_file(by_name[name]["path"], os.path.join(p["saved_dir"], "active", name),
-                                 modes[name])
+                    deployment_record.copy_file(by_name[name]["path"], os.path.join(p["saved_dir"], "active", name),
+                                                modes[name])
             if changed:
-                dr.write(path, after, mode)
-    except dr.RecordError as exc:
+                deployment_record.write(path, after, mode)
+    except deployment_record.RecordError as exc:
         module.fail_json(msg="deployment_record: %s %s failed: %s (nothing was written)" % (
             "reading the deployment record" if p["state"] == "read" else "recording the deployment in",
             path, exc))
@@ -262,7 +262,7 @@ def main():
                              "exists and is writable (run with become)"
                              % (getattr(exc, "filename", None) or path, exc.strerror or exc))
     answer(after, changed or bool(actions),
-           {"before": dr.dumps(before) if before else "", "after": dr.dumps(after),
+           {"before": deployment_record.dumps(before) if before else "", "after": deployment_record.dumps(after),
             "before_header": path, "after_header": path}, summary(actions))
 
 

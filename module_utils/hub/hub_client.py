@@ -28,7 +28,7 @@ import json
 import os
 import socket
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import COMMIT_RE, repo_folder_name
 
@@ -65,7 +65,7 @@ def where_of(endpoint) -> str:
 
 def refuse_insecure(endpoint, token_given: bool, trusted: bool, action: str) -> None:
     """HubError(kind=insecure_endpoint) when the token must not go to ``endpoint``."""
-    problem = ht.token_endpoint_problem(endpoint_of(endpoint), token_given, trusted)
+    problem = hub_trust.token_endpoint_problem(endpoint_of(endpoint), token_given, trusted)
     if problem:
         raise HubError("refusing to %s: %s" % (action, problem), "insecure_endpoint")
 
@@ -190,8 +190,8 @@ def classify(exc, errors, *, repo_id: str, revision: str, where: str, token_give
 def trusted(listing, what: str, fix: str) -> dict:
     """``listing`` once every path and blob id in it is safe (hub_trust); HubError otherwise."""
     try:
-        return ht.check_listing(listing, what, fix)
-    except ht.ListingError as exc:
+        return hub_trust.check_listing(listing, what, fix)
+    except hub_trust.ListingError as exc:
         raise HubError(str(exc), "bad_listing")
 
 

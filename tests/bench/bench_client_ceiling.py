@@ -40,7 +40,7 @@ sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats  # noqa: E402
 from tests.lab.simulator import SimulatorProcess  # noqa: E402
-from tests.support import bench_accuracy as ba  # noqa: E402
+from tests.support import bench_accuracy  # noqa: E402
 
 AIOHTTP_CLIENT = textwrap.dedent('''
     import asyncio, json, sys, time
@@ -124,11 +124,11 @@ def run_child(argv, *, cpus, timeout, env=None, cwd=None):
 
 def locust_client(url, work, args, client_cpus, processes=None):
     name = f"locust{'-p' + str(processes) if processes else ''}"
-    cfg = ba.write_config(work / name, url, [args.concurrency], api="completions", output_tokens=args.chunks,
-                          input_tokens=32, ramp_s=1, warmup_s=2, measure_s=args.seconds,
-                          measure_max_s=args.seconds, min_requests_per_user=0, metrics_url=None)
+    cfg = bench_accuracy.write_config(work / name, url, [args.concurrency], api="completions", output_tokens=args.chunks,
+                                      input_tokens=32, ramp_s=1, warmup_s=2, measure_s=args.seconds,
+                                      measure_max_s=args.seconds, min_requests_per_user=0, metrics_url=None)
     t = time.monotonic()
-    rc = ba.run_locust(cfg, cpus=client_cpus, timeout=args.seconds + 120, processes=processes)
+    rc = bench_accuracy.run_locust(cfg, cpus=client_cpus, timeout=args.seconds + 120, processes=processes)
     wall = time.monotonic() - t
     if rc != 0:
         raise RuntimeError(f"locust exited {rc}: {(cfg.parent / 'locust.log').read_text()[-2000:]}")
@@ -185,7 +185,7 @@ def main():
     p.add_argument("--vllm-venv", default="/tmp/vllm-offline")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
-    sim_cpus, client_cpus = ba.cpu_split()
+    sim_cpus, client_cpus = bench_accuracy.cpu_split()
     work = Path(tempfile.mkdtemp(prefix="modelswap-ceiling-"))
     rows = []
     try:

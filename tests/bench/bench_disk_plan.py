@@ -33,9 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan as dp  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan  # noqa: E402
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store  # noqa: E402
-from tests.support import synthetic_cache as sc  # noqa: E402
+from tests.support import synthetic_cache  # noqa: E402
 from tests.support.modules import run_module  # noqa: E402
 
 
@@ -58,11 +58,11 @@ def timed(fn, repeat, cold):
 
 def ms_plan(cache, workers):
     store = model_store.scan_store(str(cache), workers=workers)
-    state = dp.build_protections(store, models={}, protect_paths=[])
-    items, _ = dp.all_candidates(store, state["protections"])
-    items = dp.order_lru(store, items)
-    plan = dp.make_plan(store, {"available": 0}, needed_bytes=10 ** 15, headroom_bytes=0,
-                        candidates=items, orphans=store.orphans)
+    state = disk_plan.build_protections(store, models={}, protect_paths=[])
+    items, _ = disk_plan.all_candidates(store, state["protections"])
+    items = disk_plan.order_lru(store, items)
+    plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 15, headroom_bytes=0,
+                               candidates=items, orphans=store.orphans)
     return store, plan
 
 
@@ -93,7 +93,7 @@ def main():
     cache = root / "hub"
     try:
         t0 = time.perf_counter()
-        made = sc.synthetic_cache(cache, repos=args.repos, files=args.files, revisions=args.revisions)
+        made = synthetic_cache.synthetic_cache(cache, repos=args.repos, files=args.files, revisions=args.revisions)
         build_s = time.perf_counter() - t0
         print("synthetic cache: %(repos)d repos, %(snapshot_files)d snapshot files, %(blobs)d blobs" % made,
               "(built in %.1f s) at %s" % (build_s, cache))

@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 
 DEAD = "http://127.0.0.1:9"          # discard port: nothing listens
 REPO_ID = "o/r"
-COMMIT = sc.commit_for("bad-inputs")
+COMMIT = synthetic_cache.commit_for("bad-inputs")
 FILES = {"config.json": b'{"a": 1}\n', "model.safetensors": b"w" * 1000}
 CANARY = b"not modelswap's\n"
 TOKEN = "hf_" + "t" * 34
@@ -59,7 +59,7 @@ def write_tree(root, files: dict) -> None:
 @pytest.fixture
 def world(tmp_path):
     """A cache holding o/r@COMMIT (blobs, links) and a canary beside it; returns tmp_path."""
-    sc.add_revision(tmp_path / "cache", REPO_ID, COMMIT, FILES)
+    synthetic_cache.add_revision(tmp_path / "cache", REPO_ID, COMMIT, FILES)
     (tmp_path / "canary.txt").write_bytes(CANARY)
     (tmp_path / "models" / "r").mkdir(parents=True)
     return tmp_path

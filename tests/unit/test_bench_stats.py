@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
-from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats as bs
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_metrics
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 def test_percentiles_and_std_match_numpy(n):
     rng = random.Random(n)
     vals = [rng.expovariate(1 / 20) for _ in range(n)]
-    s = bs.summarize(vals)
+    s = bench_stats.summarize(vals)
     for p, key in ((50, "median"), (90, "p90"), (99, "p99")):
         assert s[key] == pytest.approx(float(np.percentile(vals, p)), rel=1e-12)
     assert s["mean"] == pytest.approx(float(np.mean(vals)), rel=1e-12)
@@ -28,7 +28,7 @@ def test_percentiles_and_std_match_numpy(n):
 
 
 def test_summary_of_nothing_is_empty_not_zero():
-    s = bs.summarize([])
+    s = bench_stats.summarize([])
     assert s["n"] == 0 and s["mean"] is None and s["p99"] is None
 
 
@@ -43,7 +43,7 @@ def chat_record(st=100.0, offsets=(0.050, 0.050, 0.070, 0.090, 0.110), usage=(30
 
 
 def test_request_metrics_follow_vllm_definitions():
-    m = bs.request_metrics(chat_record())
+    m = bench_stats.request_metrics(chat_record())
     assert m["ttft"] == pytest.approx(0.050)            # first choice-bearing message (the role delta)
     assert m["e2el"] == pytest.approx(0.110)            # last choice-bearing message (not usage, not DONE)
     assert m["itl"] == pytest.approx([0.0, 0.020, 0.020, 0.020])   # per chunk, the role gap included
@@ -52,15 +52,15 @@ def test_request_metrics_follow_vllm_definitions():
 
 
 def test_tpot_needs_more_than_one_token_and_output_tokens_fall_back_to_chunks():
-    assert bs.request_metrics(chat_record(offsets=(0.05, 0.05), usage=(30, 1)))["tpot"] is None
+    assert bench_stats.request_metrics(chat_record(offsets=(0.05, 0.05), usage=(30, 1)))["tpot"] is None
     # without usage: token-bearing chunks (the role-only delta is not one)
-    assert bs.output_tokens(chat_record(usage=None)) == 4
-    assert bs.output_tokens(chat_record(usage=None, r=False)) == 5
+    assert bench_stats.output_tokens(chat_record(usage=None)) == 4
+    assert bench_stats.output_tokens(chat_record(usage=None, r=False)) == 5
 
 
 def test_multi_token_chunks_spread_usage_over_chunks():
     rec = chat_record(offsets=(0.05, 0.05, 0.07), usage=(10, 8))      # 2 token chunks of 4
-    arr = bs.token_arrivals(rec)
+    arr = bench_stats.token_arrivals(rec)
     assert [round(t - 100.0, 3) for t, _ in arr] == [0.05, 0.07]
     assert [n for _, n in arr] == [4.0, 4.0]
 
@@ -72,7 +72,7 @@ def test_multi_token_chunks_spread_usage_over_chunks():
     (chat_record(c=[], e=None), False),
 ])
 def test_success_is_vllms(rec, ok):
-    assert bs.request_success(rec) is ok
+    assert bench_stats.request_success(rec) is ok
 
 
 # --- a synthetic run: known windows, known arrivals ---------------------------------------------------
@@ -119,7 +119,7 @@ def synthetic_run(*, c=4, e2el=1.0, chunks=10, window=(10.0, 20.0), cpu=0.2, lag
 
 def test_window_throughput_and_latency_of_a_steady_closed_loop():
     raw = synthetic_run(c=4, e2el=1.0, chunks=10)
-    st = bs.step_metrics(raw, 0, 4)
+    st = bench_stats.step_metrics(raw, 0, 4)
     # 4 users, 1 s per request, 10 tokens each: 4 req/s, 40 tok/s, exactly, over the window
     assert st["request_throughput"] == pytest.approx(4.0)
     assert st["output_throughput"] == pytest.approx(40.0)
@@ -144,7 +144,7 @@ def test_window_throughput_and_latency_of_a_steady_closed_loop():
     ({"gap": 1.0}, "littles_law"),                 # the client idles 1 s between requests
 ])
 def test_steps_where_the_client_set_the_pace_are_invalid(kw, code):
-    st = bs.step_metrics(synthetic_run(**kw), 0, 4)
+    st = bench_stats.step_metrics(synthetic_run(**kw), 0, 4)
     codes = [f["code"] for f in st["flags"]]
     assert code in codes
     assert st["valid"] is False
@@ -152,15 +152,15 @@ def test_steps_where_the_client_set_the_pace_are_invalid(kw, code):
 
 def test_client_lag_limit_scales_with_the_measured_chunk_gap():
     # 100 ms chunks: the absolute limits hold (5 ms at p99, 1.5 ms on average)
-    assert bs.step_metrics(synthetic_run(lags=1.0), 0, 4)["valid"] is True
-    assert bs.step_metrics(synthetic_run(lags=6.0), 0, 4)["valid"] is False
+    assert bench_stats.step_metrics(synthetic_run(lags=1.0), 0, 4)["valid"] is True
+    assert bench_stats.step_metrics(synthetic_run(lags=6.0), 0, 4)["valid"] is False
     # 1 s chunks (and TTFT): 2.5 % of them, 25 ms, is tolerated; 30 ms is not
-    assert bs.step_metrics(synthetic_run(e2el=10.0, lags=20.0), 0, 4)["valid"] is True
-    assert bs.step_metrics(synthetic_run(e2el=10.0, lags=30.0), 0, 4)["valid"] is False
+    assert bench_stats.step_metrics(synthetic_run(e2el=10.0, lags=20.0), 0, 4)["valid"] is True
+    assert bench_stats.step_metrics(synthetic_run(e2el=10.0, lags=30.0), 0, 4)["valid"] is False
 
 
 def test_errors_are_counted_by_kind_and_warned_not_invalidating():
-    st = bs.step_metrics(synthetic_run(errors=3), 0, 4)
+    st = bench_stats.step_metrics(synthetic_run(errors=3), 0, 4)
     assert st["requests"]["failed"] == 3 and st["requests"]["errors"] == {"http_500": 3}
     assert st["error_rate"] == pytest.approx(3 / 40)
     assert "errors" in [f["code"] for f in st["flags"]]
@@ -168,13 +168,13 @@ def test_errors_are_counted_by_kind_and_warned_not_invalidating():
 
 def test_goodput_counts_requests_meeting_every_slo():
     raw = synthetic_run()
-    assert bs.step_metrics(raw, 0, 4, slo={"ttft_ms": 200})["request_goodput"] == pytest.approx(4.0)
-    assert bs.step_metrics(raw, 0, 4, slo={"ttft_ms": 50})["request_goodput"] == 0
+    assert bench_stats.step_metrics(raw, 0, 4, slo={"ttft_ms": 200})["request_goodput"] == pytest.approx(4.0)
+    assert bench_stats.step_metrics(raw, 0, 4, slo={"ttft_ms": 50})["request_goodput"] == 0
 
 
 def test_analyze_and_token_accounting():
     raw = synthetic_run()
-    a = bs.analyze(raw)
+    a = bench_stats.analyze(raw)
     assert a["complete"] and a["steps_run"] == 1 and a["stopped_early"] is None
     tok = a["tokens"]
     assert tok["client_completion_tokens"] == sum(r["u"][1] for r in raw["workers"]["worker-w1.jsonl"]
@@ -184,7 +184,7 @@ def test_analyze_and_token_accounting():
 
 def test_analyze_refuses_a_folder_without_a_run():
     with pytest.raises(ValueError, match="did not start"):
-        bs.analyze({"master": [], "workers": {}})
+        bench_stats.analyze({"master": [], "workers": {}})
 
 
 # --- knee ----------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_analyze_refuses_a_folder_without_a_run():
     ([(1, 10), (2, 19), (4, 20)], 2),
 ])
 def test_knee(points, knee):
-    assert bs.find_knee(points)["knee_concurrency"] == knee
+    assert bench_stats.find_knee(points)["knee_concurrency"] == knee
 
 
 # --- comparison ------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def test_compare_says_better_or_worse_by_how_much():
                 "e2el_ms": {"median": 1000}}
     prev = [step(8, 100, 50), step(16, 200, 60), step(32, 250, 70, valid=False)]
     cur = [step(8, 103, 40), step(16, 150, 60), step(32, 300, 70)]
-    rows = {(r["concurrency"], r["metric"]): r for r in bs.compare(cur, prev)}
+    rows = {(r["concurrency"], r["metric"]): r for r in bench_stats.compare(cur, prev)}
     assert rows[(8, "output_throughput")]["verdict"] == "same"            # +3 % is noise
     assert rows[(8, "ttft_ms.median")]["verdict"] == "better"             # lower latency
     assert rows[(8, "ttft_ms.median")]["change"] == pytest.approx(-0.2)
@@ -350,11 +350,11 @@ def test_lengths_must_fit_the_context():
 
 def test_a_few_ms_outside_the_engine_is_the_frontends_share_not_a_missing_concurrency():
     # 100 ms requests, 4 offered, 40 req/s; the engine held 3.5: (4 - 3.5) / 40 = 12.5 ms per request
-    st = bs.step_metrics(synthetic_run(e2el=0.1, server_c=3.5), 0, 4)
+    st = bench_stats.step_metrics(synthetic_run(e2el=0.1, server_c=3.5), 0, 4)
     assert st["valid"] and [f["code"] for f in st["flags"]] == ["frontend_share"]
     assert st["server"]["outside_engine_ms"] == pytest.approx(12.5, rel=0.01)
     # 1.5 held: 62.5 ms per request is more than overhead, the concurrency did not arrive
-    st = bs.step_metrics(synthetic_run(e2el=0.1, server_c=1.5), 0, 4)
+    st = bench_stats.step_metrics(synthetic_run(e2el=0.1, server_c=1.5), 0, 4)
     assert not st["valid"] and "concurrency_not_reached" in [f["code"] for f in st["flags"]]
 
 
@@ -369,7 +369,7 @@ def test_a_few_ms_outside_the_engine_is_the_frontends_share_not_a_missing_concur
     (1.0, 3.0, 2, 1.0, 3.0),
 ])
 def test_littles_law_window(tolerance, e2el_s, per_user, multiple, seconds):
-    need = bs.littles_law_window(tolerance, e2el_s)
+    need = bench_stats.littles_law_window(tolerance, e2el_s)
     assert need["requests_per_user"] == per_user
     assert need["e2el_multiple"] == pytest.approx(multiple)
     assert need["seconds"] == (None if seconds is None else pytest.approx(seconds))
@@ -378,19 +378,19 @@ def test_littles_law_window(tolerance, e2el_s, per_user, multiple, seconds):
 @pytest.mark.parametrize("tolerance", [0, -0.1, None])
 def test_littles_law_window_needs_a_positive_tolerance(tolerance):
     with pytest.raises(ValueError, match="littles_law_tolerance must be above 0"):
-        bs.littles_law_window(tolerance)
+        bench_stats.littles_law_window(tolerance)
 
 
 def test_the_window_rule_holds_for_the_worst_case_closed_loop():
     """One user (no other user's phase averages the error out): every window holding at least the
     rule's requests per user passes the ±10 % check; shorter ones can fail it."""
-    need = bs.littles_law_window(bs.DEFAULT_CHECKS["littles_law_tolerance"])["requests_per_user"]
+    need = bench_stats.littles_law_window(bench_stats.DEFAULT_CHECKS["littles_law_tolerance"])["requests_per_user"]
     failed_short = 0
     for e2el in (0.7, 1.3, 2.9, 4.1):
         for tenth in range(10, 600, 37):
             window = (10.0, 10.0 + tenth / 10)
-            st = bs.step_metrics(synthetic_run(c=1, e2el=e2el, window=window, stagger=False,
-                                               until=window[1] + 3 * e2el), 0, 1)
+            st = bench_stats.step_metrics(synthetic_run(c=1, e2el=e2el, window=window, stagger=False,
+                                                        until=window[1] + 3 * e2el), 0, 1)
             flagged = "littles_law" in [f["code"] for f in st["flags"]]
             if st["requests"]["measured"] >= need:
                 assert not flagged, (e2el, window, st["littles_law"])
@@ -401,7 +401,7 @@ def test_the_window_rule_holds_for_the_worst_case_closed_loop():
 
 def test_a_window_too_short_for_littles_law_says_what_it_needs():
     # 1 user, 4 s requests, a 10 s window: 2 requests, throughput × E2EL = 0.8
-    st = bs.step_metrics(synthetic_run(c=1, e2el=4.0, window=(10.0, 20.0), stagger=False), 0, 1)
+    st = bench_stats.step_metrics(synthetic_run(c=1, e2el=4.0, window=(10.0, 20.0), stagger=False), 0, 1)
     [flag] = [f for f in st["flags"] if f["code"] == "littles_law"]
     assert st["valid"] is False
     assert "the window held 2.0 requests per user, too few to tell" in flag["message"]
@@ -409,7 +409,7 @@ def test_a_window_too_short_for_littles_law_says_what_it_needs():
     assert "raise benchmark_min_requests_per_user to 11 (and benchmark_measure_max_s to at least 44 s)" \
         in flag["message"]
     # a window that held enough and still broke Little's law is the client's fault: no such advice
-    idle = bs.step_metrics(synthetic_run(gap=1.0, until=60.0, window=(10.0, 50.0)), 0, 4)
+    idle = bench_stats.step_metrics(synthetic_run(gap=1.0, until=60.0, window=(10.0, 50.0)), 0, 4)
     [flag] = [f for f in idle["flags"] if f["code"] == "littles_law"]
     assert "too few to tell" not in flag["message"]
 

@@ -19,7 +19,7 @@ import shutil
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
-from tests.support import bench_accuracy as ba
+from tests.support import bench_accuracy
 
 pytestmark = pytest.mark.unit
 
@@ -62,10 +62,10 @@ def measure(tmp_path, name, *, bars=None, attempts=ATTEMPTS, also=None, **case):
     for attempt in range(attempts):
         wd = tmp_path / f"{name}-{attempt}"
         shutil.rmtree(wd, ignore_errors=True)
-        res = ba.run_case(wd, nice=PRIORITY, **case)
+        res = bench_accuracy.run_case(wd, nice=PRIORITY, **case)
         assert res["rc"] == 0, (wd / "run" / "locust.log").read_text()[-3000:]
-        cmp = ba.compare(res["raw"], res["sim_records"])
-        print(f"\n[{name} attempt {attempt + 1}]\n{ba.report(cmp)}")
+        cmp = bench_accuracy.compare(res["raw"], res["sim_records"])
+        print(f"\n[{name} attempt {attempt + 1}]\n{bench_accuracy.report(cmp)}")
         assert cmp["matched"] >= 20, "too few measured requests matched the simulator's record"
         step = cmp["step"]
         lag = cmp["chunk_lag_ms"]
@@ -131,8 +131,8 @@ def test_seed_scale_1024_streams(tmp_path):
 def test_knee_is_where_the_slots_run_out(tmp_path):
     for attempt in range(ATTEMPTS):
         wd = tmp_path / f"knee-{attempt}"
-        res = ba.run_case(wd, nice=PRIORITY, concurrency=[4, 8, 16, 32], slots=16, ttft_ms=20, chunk_ms=10,
-                          chunks=16, measure_s=4, warmup_s=1, ramp_s=1)
+        res = bench_accuracy.run_case(wd, nice=PRIORITY, concurrency=[4, 8, 16, 32], slots=16, ttft_ms=20, chunk_ms=10,
+                                      chunks=16, measure_s=4, warmup_s=1, ramp_s=1)
         analysis = bench_stats.analyze(bench_stats.load_raw(res["raw"]))
         steps = {s["concurrency"]: s for s in analysis["steps"]}
         print({c: (round(s["output_throughput"]), s["valid"]) for c, s in steps.items()})
@@ -150,8 +150,8 @@ def test_knee_is_where_the_slots_run_out(tmp_path):
 
 def test_a_saturated_client_is_flagged_not_reported(tmp_path):
     # ~100k chunks/s: far beyond one load process; the step must be flagged invalid
-    res = ba.run_case(tmp_path / "sat", nice=0, concurrency=96, ttft_ms=1, chunk_ms=1, chunks=64, measure_s=5,
-                      warmup_s=1, ramp_s=1)
+    res = bench_accuracy.run_case(tmp_path / "sat", nice=0, concurrency=96, ttft_ms=1, chunk_ms=1, chunks=64, measure_s=5,
+                                  warmup_s=1, ramp_s=1)
     analysis = bench_stats.analyze(bench_stats.load_raw(res["raw"]))
     step = analysis["steps"][0]
     codes = {f["code"] for f in step["flags"]}

@@ -16,7 +16,7 @@ import time
 import pynvml
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import gpu_ready as nv
+from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import gpu_ready
 from tests.support.fake_pynvml import FakeNvml, gpu
 
 pytestmark = pytest.mark.unit
@@ -43,7 +43,7 @@ class Clock:
 def run(scenario, clock=None, **expect):
     fake = FakeNvml(scenario)
     clock = clock or Clock()
-    result = nv.check(fake, nv.expectations(**expect), clock=clock, sleep=clock.sleep)
+    result = gpu_ready.check(fake, gpu_ready.expectations(**expect), clock=clock, sleep=clock.sleep)
     return result, fake, clock
 
 
@@ -74,7 +74,7 @@ def test_fake_has_the_real_pynvml_names_and_signatures():
 
 
 def test_module_utils_only_calls_functions_the_fake_and_pynvml_have():
-    source = inspect.getsource(nv)
+    source = inspect.getsource(gpu_ready)
     called = set(re.findall(r"nvml\.(nvml\w+)", source)) | set(re.findall(r'"(nvml[A-Z]\w+)"', source))
     assert called, "no NVML call found"
     for name in called:
@@ -185,7 +185,7 @@ def test_one_gpu_held_by_a_foreign_process_names_pid_user_and_cmdline(sleeper):
     assert proc == {"pid": sleeper.pid, "name": "/usr/bin/sleep", "comm": "sleep", "user": ME,
                     "uid": os.getuid(), "cmdline": "sleep 60", "used_memory": 70 * GIB,
                     "allowed": False}
-    msg = nv.failure_message(res["problems"], res["waited"], res["timed_out"])
+    msg = gpu_ready.failure_message(res["problems"], res["waited"], res["timed_out"])
     assert "GPU(s) 1" in msg and "PID %d" % sleeper.pid in msg and "sleep 60" in msg
     assert "less than the 72.0 GiB needed for gpu_memory_utilization 0.9" in msg
     for p in res["problems"]:
@@ -225,7 +225,7 @@ def test_timeout_reports_who_still_holds_what(sleeper):
     assert res["ready"] is False and res["timed_out"] is True
     assert clock.sleeps == [3, 3, 3, 1], "the last sleep is cut to the deadline"
     assert res["polls"] == 5 and res["waited"] == 10
-    msg = nv.failure_message(res["problems"], res["waited"], res["timed_out"])
+    msg = gpu_ready.failure_message(res["problems"], res["waited"], res["timed_out"])
     assert msg.startswith("GPU readiness check failed after waiting 10 s for GPU memory to be "
                           "released on GPU(s) 0:")
     assert "PID %d (user %s: sleep 60) holds 60.0 GiB" % (sleeper.pid, ME) in msg
@@ -306,7 +306,7 @@ def test_nvml_missing_fails_when_the_caller_requires_gpus():
 
 
 def test_binding_missing_uses_the_callers_reason():
-    res = nv.check(None, nv.expectations(), unavailable_reason="no binding, no driver")
+    res = gpu_ready.check(None, gpu_ready.expectations(), unavailable_reason="no binding, no driver")
     assert (res["ready"], res["gpus"], res["reason"]) == (True, [], "no binding, no driver")
 
 
@@ -322,15 +322,15 @@ def test_nvml_working_but_no_gpu():
     (pynvml.NVML_ERROR_NO_PERMISSION, "become: true"),
 ])
 def test_broken_nvml_at_init_is_a_clear_failure(code, words):
-    with pytest.raises(nv.NvmlFailure) as err:
+    with pytest.raises(gpu_ready.NvmlFailure) as err:
         run({"init_error": code, "devices": [gpu(0)]})
     assert "nvmlInit" in str(err.value) and words in str(err.value)
-    assert "NVML_ERROR_%s=%d" % (nv.error_name(pynvml, pynvml.NVMLError(code)), code) in str(err.value)
+    assert "NVML_ERROR_%s=%d" % (gpu_ready.error_name(pynvml, pynvml.NVMLError(code)), code) in str(err.value)
 
 
 def test_no_permission_while_reading_a_gpu_fails_once_for_the_host():
     scenario = {"devices": [gpu(0, errors={"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_NO_PERMISSION})]}
-    with pytest.raises(nv.NvmlFailure) as err:
+    with pytest.raises(gpu_ready.NvmlFailure) as err:
         run(scenario)
     assert "reading GPU 0 (NVIDIA H100 80GB HBM3)" in str(err.value)
 
@@ -351,8 +351,8 @@ def test_driver_gone_mid_run_still_shuts_nvml_down():
     scenario = {"devices": [gpu(0, errors={"nvmlDeviceGetHandleByIndex":
                                            pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH})]}
     fake = FakeNvml(scenario)
-    with pytest.raises(nv.NvmlFailure) as err:
-        nv.check(fake, nv.expectations())
+    with pytest.raises(gpu_ready.NvmlFailure) as err:
+        gpu_ready.check(fake, gpu_ready.expectations())
     assert "RM has detected an NVML/RM version mismatch" in str(err.value)
     assert fake.initialized == 0
 
@@ -377,33 +377,33 @@ def test_driver_gone_mid_run_still_shuts_nvml_down():
     ({"min_compute_capability": "9"}, "min_compute_capability '9' is not MAJOR.MINOR"),
 ])
 def test_bad_input_is_a_clear_error(kwargs, text):
-    with pytest.raises(nv.InputError) as err:
-        nv.expectations(**kwargs)
+    with pytest.raises(gpu_ready.InputError) as err:
+        gpu_ready.expectations(**kwargs)
     assert text in str(err.value)
     assert str(err.value).startswith("Invalid gpu_ready input: ")
 
 
 def test_every_bad_value_is_listed_at_once():
-    with pytest.raises(nv.InputError) as err:
-        nv.expectations(min_gpus=-1, gpu_memory_utilization=2)
+    with pytest.raises(gpu_ready.InputError) as err:
+        gpu_ready.expectations(min_gpus=-1, gpu_memory_utilization=2)
     assert "min_gpus" in str(err.value) and "gpu_memory_utilization" in str(err.value)
 
 
 def test_boundaries_that_are_valid():
-    exp = nv.expectations(min_gpus=0, gpu_memory_utilization=1, wait_timeout=0,
-                          tensor_parallel_size=1)
+    exp = gpu_ready.expectations(min_gpus=0, gpu_memory_utilization=1, wait_timeout=0,
+                                 tensor_parallel_size=1)
     assert exp["gpu_memory_utilization"] == 1.0 and exp["min_gpus"] == 1
     assert exp["require_gpus"] is True
-    assert nv.expectations()["require_gpus"] is False
+    assert gpu_ready.expectations()["require_gpus"] is False
 
 
 def test_library_present_probe():
-    assert nv.library_present(loader=lambda name: None) is True
+    assert gpu_ready.library_present(loader=lambda name: None) is True
 
     def missing(name):
         raise OSError("%s: cannot open shared object file" % name)
 
-    assert nv.library_present(loader=missing) is False
+    assert gpu_ready.library_present(loader=missing) is False
 
 
 def test_real_pynvml_on_this_machine_matches_what_the_module_expects():
@@ -426,7 +426,7 @@ def test_process_names_nvml_refuses_are_not_fatal(sleeper):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
 
     fake.nvmlSystemGetProcessName = denied
-    res = nv.check(fake, nv.expectations())
+    res = gpu_ready.check(fake, gpu_ready.expectations())
     (proc,) = res["gpus"][0]["processes"]
     assert proc["name"] == "sleep" and proc["cmdline"] == "sleep 60"   # from /proc instead
 
@@ -438,7 +438,7 @@ def test_driver_version_unreadable_is_a_clear_failure():
         raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
 
     fake.nvmlSystemGetDriverVersion = lost
-    with pytest.raises(nv.NvmlFailure) as err:
-        nv.check(fake, nv.expectations())
+    with pytest.raises(gpu_ready.NvmlFailure) as err:
+        gpu_ready.check(fake, gpu_ready.expectations())
     assert "reading the driver version" in str(err.value) and "Xid 79" in str(err.value)
     assert fake.initialized == 0

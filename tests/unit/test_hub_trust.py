@@ -13,7 +13,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snaps
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 
 pytestmark = pytest.mark.unit
 
@@ -152,8 +152,8 @@ def served_cache(tmp_path):
     """A cache with revision A of o/r (config.json, w.safetensors) and a verified manifest of A."""
     cache = tmp_path / "cache"
     files = {"config.json": b'{"a": 1}\n', "w.safetensors": b"w" * 100}
-    commit_a = sc.commit_for("A")
-    snap = sc.add_revision(cache, "o/r", commit_a, files)
+    commit_a = synthetic_cache.commit_for("A")
+    snap = synthetic_cache.add_revision(cache, "o/r", commit_a, files)
     listing = {p: {"size": len(d), "blob_id": blob_id(d)} for p, d in files.items()}
     listing["w.safetensors"]["lfs_sha256"] = hashlib.sha256(files["w.safetensors"]).hexdigest()
     layout = hf_snapshot.CacheLayout(str(cache), "o/r")
@@ -177,7 +177,7 @@ def bad_link(layout, commit: str, path: str, blob: str) -> Path:
 def test_remove_keeps_a_blob_another_snapshot_links_to(tmp_path):
     cache, layout, commit_a, snap, listing = served_cache(tmp_path)
     a_blob = listing["config.json"]["blob_id"]
-    commit_b = sc.commit_for("B")
+    commit_b = synthetic_cache.commit_for("B")
     # B's config.json (another content) arrived under a wrong ETag equal to A's blob: linked to it
     pointer = bad_link(layout, commit_b, "config.json", a_blob)
     entry_b = {"size": 5, "blob_id": blob_id(b"b: 2\n")}
@@ -191,7 +191,7 @@ def test_remove_keeps_a_blob_a_verified_manifest_lists_even_without_links(tmp_pa
     cache, layout, commit_a, snap, listing = served_cache(tmp_path)
     a_blob = listing["config.json"]["blob_id"]
     os.unlink(snap / "config.json")          # A's link gone; its manifest still vouches for the blob
-    commit_b = sc.commit_for("B")
+    commit_b = synthetic_cache.commit_for("B")
     wrong = "c" * 40
     (Path(layout.repo_path) / "blobs" / wrong).write_bytes(b'{"a": 1}\n')
     # B's config.json has A's content, arrived under a random wrong ETag

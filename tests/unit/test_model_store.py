@@ -12,8 +12,8 @@ import shutil
 import pytest
 from huggingface_hub import scan_cache_dir
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store as ms
-from tests.support import synthetic_cache as sc
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from tests.support import synthetic_cache
 from tests.support.synthetic_cache import A, B, C, W1, W2
 
 pytestmark = pytest.mark.unit
@@ -36,15 +36,15 @@ def build(tmp_path):
     cache = tmp_path / "hub"
     models = tmp_path / "models"
     models.mkdir()
-    sc.add_two_repos(cache)
-    sc.add_orphan(cache, "org/two", "f" * 64, 5000)
-    sc.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000, "sub/c.json": b"{}"})
+    synthetic_cache.add_two_repos(cache)
+    synthetic_cache.add_orphan(cache, "org/two", "f" * 64, 5000)
+    synthetic_cache.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000, "sub/c.json": b"{}"})
     return cache, models
 
 
 def test_scan_agrees_with_huggingface_hub(tmp_path):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
+    store = model_store.scan_store(str(cache), str(models))
     hf = scan_cache_dir(cache)
     assert not hf.warnings
     assert {r.repo_id for r in hf.repos} == {r.repo_id for r in store.repos.values()}
@@ -87,19 +87,19 @@ DELETIONS = [
 @pytest.mark.parametrize("steps,apparent", [c[1:] for c in DELETIONS], ids=[c[0] for c in DELETIONS])
 def test_predicted_bytes_equal_measured(tmp_path, steps, apparent):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
-    sim = ms.DeletionSimulator(store)
+    store = model_store.scan_store(str(cache), str(models))
+    sim = model_store.DeletionSimulator(store)
     predicted = predicted_size = 0
     before = tree_usage(cache, models)
     for kind, repo_id, commit in steps:
-        folder = sc.folder_for(repo_id) if kind != "dir" else ""
+        folder = synthetic_cache.folder_for(repo_id) if kind != "dir" else ""
         if kind == "orphan":
             orphan = store.repos[folder].orphans[0]
-            item = ms.Item("orphan", folder=folder, path=orphan.path)
+            item = model_store.Item("orphan", folder=folder, path=orphan.path)
         elif kind == "dir":
-            item = ms.Item("dir", name=repo_id, path=str(models / repo_id))
+            item = model_store.Item("dir", name=repo_id, path=str(models / repo_id))
         else:
-            item = ms.Item(kind, folder=folder, commit=commit)
+            item = model_store.Item(kind, folder=folder, commit=commit)
         effect = sim.apply(item)
         predicted += effect.bytes
         predicted_size += effect.size
@@ -120,23 +120,23 @@ def test_predicted_bytes_equal_measured(tmp_path, steps, apparent):
 
 def test_step_after_repo_is_gone_frees_nothing(tmp_path):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
-    sim = ms.DeletionSimulator(store)
-    folder = sc.folder_for("org/one")
-    assert sim.apply(ms.Item("repo", folder=folder)).bytes > 0
-    assert sim.apply(ms.Item("revision", folder=folder, commit=A)).bytes == 0
-    assert sim.apply(ms.Item("repo", folder=folder)).bytes == 0
+    store = model_store.scan_store(str(cache), str(models))
+    sim = model_store.DeletionSimulator(store)
+    folder = synthetic_cache.folder_for("org/one")
+    assert sim.apply(model_store.Item("repo", folder=folder)).bytes > 0
+    assert sim.apply(model_store.Item("revision", folder=folder, commit=A)).bytes == 0
+    assert sim.apply(model_store.Item("repo", folder=folder)).bytes == 0
 
 
 def test_hardlinked_file_is_freed_only_with_its_last_link(tmp_path):
     cache, models = build(tmp_path)
-    blob = next((cache / sc.folder_for("org/two") / "blobs").glob("*"))
+    blob = next((cache / synthetic_cache.folder_for("org/two") / "blobs").glob("*"))
     os.link(blob, models / "plain" / "linked.safetensors")
-    store = ms.scan_store(str(cache), str(models))
-    sim = ms.DeletionSimulator(store)
-    alone_dir = ms.DeletionSimulator(store).apply(ms.Item("dir", name="plain")).bytes
-    first = sim.apply(ms.Item("repo", folder=sc.folder_for("org/two"))).bytes
-    second = sim.apply(ms.Item("dir", name="plain")).bytes
+    store = model_store.scan_store(str(cache), str(models))
+    sim = model_store.DeletionSimulator(store)
+    alone_dir = model_store.DeletionSimulator(store).apply(model_store.Item("dir", name="plain")).bytes
+    first = sim.apply(model_store.Item("repo", folder=synthetic_cache.folder_for("org/two"))).bytes
+    second = sim.apply(model_store.Item("dir", name="plain")).bytes
     big = os.lstat(blob).st_blocks * 512
     assert second - alone_dir == big     # the weights go when the second link goes
     total_before = tree_usage(cache, models)
@@ -150,10 +150,10 @@ def test_foreign_and_broken_links_are_reported(tmp_path):
     cache, models = build(tmp_path)
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"x" * 10)
-    snap = cache / sc.folder_for("org/two") / "snapshots" / C
+    snap = cache / synthetic_cache.folder_for("org/two") / "snapshots" / C
     os.symlink(str(outside), snap / "evil.bin")
     os.symlink("../../blobs/" + "0" * 64, snap / "gone.bin")
-    store = ms.scan_store(str(cache), "")
+    store = model_store.scan_store(str(cache), "")
     rev = store.repo("org/two").revisions[C]
     assert rev.foreign_links and str(outside) in rev.foreign_links[0]
     assert rev.broken_links == [str(snap / "gone.bin")]
@@ -173,7 +173,7 @@ def test_shared_xet_store_payload_counted_once_and_only_when_all_links_go(tmp_pa
     payload.write_bytes(b"S" * 50000)
     refs = []
     for repo_id, commit in (("org/x", A), ("org/y", B)):
-        folder = sc.folder_for(repo_id)
+        folder = synthetic_cache.folder_for(repo_id)
         etag = "e" * 64
         blobs = cache / folder / "blobs"
         blobs.mkdir(parents=True)
@@ -184,11 +184,11 @@ def test_shared_xet_store_payload_counted_once_and_only_when_all_links_go(tmp_pa
         refs.append("%s/blobs/%s" % (folder, etag))
     manifest = "".join(r + "\n" for r in refs)
     (store_dir / "ab" / (payload_hash + ".refs")).write_text(manifest)
-    store = ms.scan_store(str(cache), "")
+    store = model_store.scan_store(str(cache), "")
     assert list(store.shared) == [str(payload)]
-    sim = ms.DeletionSimulator(store)
-    x = sim.apply(ms.Item("repo", folder=sc.folder_for("org/x")))
-    y = sim.apply(ms.Item("repo", folder=sc.folder_for("org/y")))
+    sim = model_store.DeletionSimulator(store)
+    x = sim.apply(model_store.Item("repo", folder=synthetic_cache.folder_for("org/x")))
+    y = sim.apply(model_store.Item("repo", folder=synthetic_cache.folder_for("org/y")))
     assert x.size == 0 and y.size == 50000 + len(manifest)  # payload and its manifest
     # huggingface_hub agrees: one repo frees no payload, both free it once
     hf = scan_cache_dir(cache)
@@ -207,17 +207,17 @@ def test_shared_xet_store_payload_counted_once_and_only_when_all_links_go(tmp_pa
 ])
 def test_validate_repo_id(repo_id, ok):
     if ok:
-        assert ms.validate_repo_id(repo_id) == repo_id
+        assert model_store.validate_repo_id(repo_id) == repo_id
     else:
-        with pytest.raises(ms.StoreError, match="malformed|non-empty"):
-            ms.validate_repo_id(repo_id)
+        with pytest.raises(model_store.StoreError, match="malformed|non-empty"):
+            model_store.validate_repo_id(repo_id)
 
 
 def test_listing_drops_removed_items(tmp_path):
     cache, models = build(tmp_path)
-    store = ms.scan_store(str(cache), str(models))
-    before = ms.listing(store)
-    after = ms.listing(store, [ms.Item("revision", folder=sc.folder_for("org/one"), commit=A)])
+    store = model_store.scan_store(str(cache), str(models))
+    before = model_store.listing(store)
+    after = model_store.listing(store, [model_store.Item("revision", folder=synthetic_cache.folder_for("org/one"), commit=A)])
     assert len(before) == 5  # 3 revisions, 1 partial, 1 dir
     assert [line for line in before if line not in after] == [
         line for line in before if line.startswith("hf org/one@" + A)]
@@ -225,7 +225,7 @@ def test_listing_drops_removed_items(tmp_path):
 
 def test_models_dir_holding_the_cache_does_not_list_the_cache(tmp_path):
     cache = tmp_path / "models" / "hub"
-    sc.add_revision(cache, "org/one", A, W1)
-    sc.make_plain_dir(tmp_path / "models", "plain", {"w": b"1"})
-    store = ms.scan_store(str(cache), str(tmp_path / "models"))
+    synthetic_cache.add_revision(cache, "org/one", A, W1)
+    synthetic_cache.make_plain_dir(tmp_path / "models", "plain", {"w": b"1"})
+    store = model_store.scan_store(str(cache), str(tmp_path / "models"))
     assert set(store.dirs) == {"plain"}

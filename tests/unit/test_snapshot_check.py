@@ -12,7 +12,7 @@ import os
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check as sc
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,7 @@ def make_snapshot(cache, repo=REPO, commit=COMMIT, files=FILES, verify="full", m
 
 def test_a_verified_cache_snapshot_is_found_by_commit(tmp_path):
     snap = make_snapshot(tmp_path)
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is True, out["reason"]
     assert out["path"] == str(snap) and out["commit"] == COMMIT
     assert out["source"] == "cache %s" % tmp_path
@@ -68,7 +68,7 @@ def test_a_verified_cache_snapshot_is_found_by_commit(tmp_path):
 
 
 def test_not_fetched_names_the_model_and_the_fix(tmp_path):
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False
     assert "tiny-a (lab/tiny-a@%s) is not on this host" % COMMIT in out["reason"]
     assert "playbooks/fetch.yml" in out["reason"]
@@ -76,9 +76,9 @@ def test_not_fetched_names_the_model_and_the_fix(tmp_path):
 
 def test_downloaded_without_verification_is_refused(tmp_path):
     make_snapshot(tmp_path, manifest=False)
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False and "has no verified manifest" in out["reason"]
-    assert sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path), mode="none")["verified"] is True
+    assert snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path), mode="none")["verified"] is True
 
 
 def test_a_file_changed_since_verification_is_refused(tmp_path):
@@ -87,7 +87,7 @@ def test_a_file_changed_since_verification_is_refused(tmp_path):
     with open(target, "r+b") as fh:
         fh.write(b"\x01")
     os.utime(target, ns=(0, 0))
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False
     assert "1 file(s)" in out["reason"] and "model.safetensors" in out["reason"]
 
@@ -95,27 +95,27 @@ def test_a_file_changed_since_verification_is_refused(tmp_path):
 def test_a_vanished_file_is_refused(tmp_path):
     snap = make_snapshot(tmp_path)
     os.unlink(snap / "tokenizer.json")
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False and "tokenizer.json" in out["reason"]
 
 
 def test_size_only_verification_needs_mode_size(tmp_path):
     make_snapshot(tmp_path, verify="size")
-    full = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    full = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert full["verified"] is False and "verified by size only" in full["reason"]
-    assert sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path), mode="size")["verified"] is True
+    assert snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path), mode="size")["verified"] is True
 
 
 def test_no_config_json_is_not_a_model(tmp_path):
     make_snapshot(tmp_path, files={"model.safetensors": b"x" * 10})
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False and "no config.json" in out["reason"]
 
 
 def test_a_manifest_of_another_repo_does_not_count(tmp_path):
     make_snapshot(tmp_path, repo="lab/tiny-b")
     os.rename(tmp_path / "models--lab--tiny-b", tmp_path / "models--lab--tiny-a")
-    out = sc.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, cache_dir=str(tmp_path))
     assert out["verified"] is False and "no verified manifest" in out["reason"]
 
 
@@ -124,14 +124,14 @@ def test_a_branch_is_resolved_through_the_record(tmp_path):
     record = {"fetched": {"tiny-a": {"repo_id": REPO, "revision": "main", "commit": COMMIT,
                                      "path": str(snap),
                                      "manifest": hf_manifest.manifest_path(str(snap.parent.parent), COMMIT)}}}
-    out = sc.check("tiny-a", REPO, "main", record=record)
+    out = snapshot_check.check("tiny-a", REPO, "main", record=record)
     assert out["verified"] is True and out["source"] == "record fetched.tiny-a"
     # without the record a branch cannot be placed
-    out = sc.check("tiny-a", REPO, "main", cache_dir=str(tmp_path))
+    out = snapshot_check.check("tiny-a", REPO, "main", cache_dir=str(tmp_path))
     assert out["verified"] is False and "is not a commit" in out["reason"]
     # a record entry of another repo is ignored
     record["fetched"]["tiny-a"]["repo_id"] = "lab/other"
-    assert sc.check("tiny-a", REPO, "main", record=record)["verified"] is False
+    assert snapshot_check.check("tiny-a", REPO, "main", record=record)["verified"] is False
 
 
 def test_an_explicit_local_dir_uses_its_own_manifest(tmp_path):
@@ -148,27 +148,27 @@ def test_an_explicit_local_dir_uses_its_own_manifest(tmp_path):
         snapshot=str(folder), listing=listing, verified=verified, mode="full", patterns={}, tool={})
     hf_manifest.atomic_write_json(
         hf_manifest.manifest_path(str(folder / ".cache" / "huggingface"), COMMIT), manifest)
-    out = sc.check("tiny-a", REPO, COMMIT, path=str(folder) + "/")
+    out = snapshot_check.check("tiny-a", REPO, COMMIT, path=str(folder) + "/")
     assert out["verified"] is True, out["reason"]
     assert out["path"] == str(folder) and out["source"] == "vllm_service_snapshot_path"
 
 
 @pytest.mark.parametrize("repo_id", ["", "a/b/c", "../x", "lab/tiny-a\n", "lab/tiny a", None])
 def test_malformed_repo_ids(repo_id):
-    out = sc.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
+    out = snapshot_check.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
     assert out["verified"] is False and "repo id" in out["reason"]
     assert out["path"] is None
 
 
 @pytest.mark.parametrize("repo_id", ["gpt2", "org/name", "Org.x/Mod_el-7B.v1"])
 def test_hub_repo_ids_single_name_included_are_looked_up(repo_id):
-    out = sc.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
+    out = snapshot_check.check("m", repo_id, COMMIT, cache_dir="/nonexistent")
     assert out["verified"] is False and "is not on this host" in out["reason"]
     assert out["path"] == "/nonexistent/models--%s/snapshots/%s" % (repo_id.replace("/", "--"), COMMIT)
 
 
 def test_a_commit_with_a_trailing_newline_is_not_a_commit():
-    out = sc.locate("m", "lab/tiny-a", COMMIT + "\n", cache_dir="/nonexistent")
+    out = snapshot_check.locate("m", "lab/tiny-a", COMMIT + "\n", cache_dir="/nonexistent")
     assert out["commit"] is None and out["path"] is None
 
 

