@@ -25,6 +25,7 @@ description:
   - With O(input_tokens) and O(output_tokens) it fails when prompt plus output exceed the
     server's context length.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
   - modelswap.vllm.benchmark_target
 options:
@@ -56,11 +57,6 @@ attributes:
     support: full
     details:
       - It only reads and sends one-token completions; it runs the same in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 notes:
   - C(/metrics) and C(/version) are read without the key; vLLM's own key check leaves them open,
     and so does the vllm_service role's route guard (its open probes).

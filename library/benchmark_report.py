@@ -29,6 +29,7 @@ description:
     C(steps.csv), C(report.md) and the plots C(throughput.png) and C(latency.png); a file whose
     content would not change is not rewritten.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
 options:
   run_dir:
@@ -83,11 +84,6 @@ attributes:
     support: full
     details:
       - Computes the report and returns its summary; writes nothing.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 requirements:
   - matplotlib for the plots (optional; without it the report says they were skipped)
 author:

@@ -29,6 +29,7 @@ description:
   - One load process by default; O(processes) forks Locust workers on this host
     (C(--processes)); O(expect_workers) makes this a Locust master for workers on other hosts.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
   - modelswap.vllm.benchmark_target
 options:
@@ -190,11 +191,6 @@ attributes:
     details:
       - Validates and returns the plan and its bounds; starts no load and writes nothing. In check
         mode the window warnings are also issued as warnings.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 requirements:
   - locust (and its geventhttpclient) for the Python that runs Locust
 author:

@@ -21,6 +21,7 @@ description:
     the record's lock (C(<path>.lock), shared with model_fetch) and replaces the file atomically.
   - O(state=read) only reads it.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
 options:
   path:
@@ -93,9 +94,6 @@ attributes:
     support: full
     details:
       - The record before and after, as JSON.
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: modelswap.vllm.vllm_service_facts
 author:

@@ -35,6 +35,7 @@ description:
   - NVML errors become messages that say what to do (driver/library version mismatch, no
     permission, GPU lost, ...).
 extends_documentation_fragment:
+  - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
 options:
   devices:
@@ -158,9 +159,6 @@ attributes:
     support: full
     details:
       - Shows the /dev/shm leftovers before and after the cleanup.
-  platform:
-    support: full
-    platforms: posix
 notes:
   - Run it with C(become=true) - reading other users' C(/proc/PID/fd) and removing their files
     needs root. When some processes cannot be inspected the cleanup removes nothing and warns.

@@ -20,6 +20,7 @@ description:
   - Meant for a polling loop (C(loop) with C(loop_control.pause) and C(break_when)); the model_fetch role
     prints one line per host per interval this way, then collects the result with C(async_status).
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
 options:
   path:
@@ -34,15 +35,6 @@ options:
   results_file:
     description: The async job's results file (C(results_file) of the task started with C(poll=0)).
     type: path
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 seealso:
   - module: modelswap.vllm.hf_snapshot
 author:

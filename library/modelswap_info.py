@@ -17,15 +17,8 @@ description:
     repository and from an installed C(modelswap.vllm) collection.
 options: {}
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 author:
   - modelswap engineers (@modelswap)
 """

@@ -175,6 +175,21 @@ def test_examples_use_documented_options(name):
 
 
 @pytest.mark.parametrize("name", MODULES)
+def test_attributes_say_what_the_module_supports(name):
+    """Each module says, itself or through modelswap.vllm.attributes, how it runs in check mode and
+    diff mode and on which platform; ansible-core's fragment only describes the attributes (its
+    values are N/A), so ours must come first to win."""
+    attributes = doc(name).get("attributes") or {}
+    problems = []
+    if (attributes.get("platform") or {}).get("support") != "full" or attributes["platform"].get("platforms") != "posix":
+        problems.append(f"platform is {attributes.get('platform')}, not full support on posix")
+    for key, allowed in (("check_mode", ("full", "partial")), ("diff_mode", ("full", "partial", "none"))):
+        if (attributes.get(key) or {}).get("support") not in allowed:
+            problems.append(f"{key} support is {(attributes.get(key) or {}).get('support')!r}, not one of {allowed}")
+    fail(name, problems)
+
+
+@pytest.mark.parametrize("name", MODULES)
 def test_ansible_doc_renders(name):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     ansible_doc = Path(sys.executable).parent / "ansible-doc"
