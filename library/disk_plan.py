@@ -270,8 +270,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan as dp
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_context import (
     STORE_ARGS,
+    StoreError,
     fs_info,
     host_state,
     scan,
@@ -320,8 +322,8 @@ def main():
     try:
         # read: the options, the store, its file system, the target's files
         rate = dp.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
-        store, timings["scan_s"] = scan(module, ACTION)
-        fs = fs_info(store_fs_path(module, store))
+        store, timings["scan_s"] = scan(p, ACTION)
+        fs = fs_info(store_fs_path(p, store))
         headroom = dp.parse_headroom(p["headroom"], fs["total_bytes"])
         entry = dp.catalog_entry(p["models"], p["target"], "target") if p["target"] else None
         started = time.monotonic()
@@ -337,13 +339,17 @@ def main():
                                           fs["block_size"]))
         timings["hub_s"] = time.monotonic() - started
         started = time.monotonic()
-        state = host_state(module, store, ACTION, target_commit=target.get("commit") or "")
+        state = host_state(p, store, ACTION, HostCommands.of(module), target_commit=target.get("commit") or "")
+        for warning in state["warnings"]:
+            module.warn(warning)
         # plan
         result = dp.disk_plan(
             store, fs, state, target=target, listed_files=listed["files"] if listed else [],
             candidates=p["candidates"], models=p["models"], headroom_bytes=headroom, download_rate=rate,
             clean_orphans=p["clean_orphans"], allow_served_purge=p["allow_served_purge"],
             orphan_in_use=orphan_in_use(store))
+    except StoreError as exc:
+        module.fail_json(msg=str(exc))
     except dp.PlanError as exc:
         fail(str(exc))
     timings["plan_s"] = time.monotonic() - started

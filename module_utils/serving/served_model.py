@@ -10,7 +10,8 @@ or from the unit file's ``ExecStart=`` line. Either names the model by path or b
 
 Parsing is pure (argv, ExecStart, the record's JSON) and unit-tested directly;
 ``read_deployment_record`` and ``read_unit`` read the host (``read_unit`` runs systemctl through
-the module it is given).
+the command_runner.HostCommands it is given: ``HostCommands.of(module)`` in a module,
+``HostCommands.local()`` or one built from plain functions in a test).
 """
 from __future__ import annotations
 
@@ -145,18 +146,18 @@ UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/syste
              "/lib/systemd/system", "/usr/lib/systemd/system")
 
 
-def read_unit(module, unit: str):
-    """What ``unit`` serves, via ``systemctl show``; the unit file when systemd is not running.
+def read_unit(commands, unit: str):
+    """What ``unit`` serves, via ``systemctl show`` (run with ``commands``, a HostCommands: under
+    the C locale, which the parser reads); the unit file when systemd is not running.
 
     Returns served_from_unit()'s dict or None when the unit does not exist.
     """
     if not unit:
         return None
-    systemctl = module.get_bin_path("systemctl")
+    systemctl = commands.which("systemctl")
     if systemctl:
-        rc, out, err = module.run_command(
-            [systemctl, "show", "--property=LoadState,ActiveState,ExecStart", "--", unit],
-            environ_update={"LANG": "C", "LC_ALL": "C"})
+        rc, out, err = commands.run(
+            [systemctl, "show", "--property=LoadState,ActiveState,ExecStart", "--", unit])
         if rc == 0:
             show = parse_systemctl_show(out)
             if show.get("LoadState") == "loaded" or show.get("LoadState") == "not-found":

@@ -2,10 +2,12 @@
 # Copyright: modelswap engineers; Apache-2.0
 """What disk_plan and model_purge share on the host: options, the store, the served model.
 
-Thin glue between an AnsibleModule and the pure planners (model_store, disk_planning,
+Thin glue between the modules' options and the pure planners (model_store, disk_plan,
 served_model): validates the store folders, scans them, reads the deployment record and the
-vLLM unit, and builds the protections. Every failure goes through ``module.fail_json`` with a
-message that names the action, the object, the cause and the fix.
+vLLM unit, and builds the protections. It takes plain values (the options as a dict, a
+command_runner.HostCommands), not the AnsibleModule: every failure raises StoreError with a
+message that names the action, the object, the cause and the fix (the module fails with it), and
+warnings are collected on the state host_state returns (the module warns with them).
 """
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ import os
 import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store as ms
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model as sm
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import nearest_existing
 
 DEFAULT_RECORD = "/var/lib/modelswap/deployment.json"
+
+
+class StoreError(Exception):
+    """The store or the host's state cannot be read; the message is final (the module fails with it)."""
+
 
 # Options both modules take (their DOCUMENTATION describes each).
 STORE_ARGS = dict(
@@ -60,48 +67,47 @@ def option_problem(params: dict) -> str:
     return ""
 
 
-def store_dirs(module, action: str):
-    """(cache_dir, models_dir) as real paths; fails when neither is given or one is not a folder."""
-    p = module.params
-    why = option_problem(p)
+def store_dirs(params: dict, action: str):
+    """(cache_dir, models_dir) as real paths; StoreError when neither is given or one is not a folder."""
+    why = option_problem(params)
     if why:
-        module.fail_json(msg="%s: %s (nothing was changed)" % (action, why))
-    if not p["cache_dir"] and not p["models_dir"]:
-        module.fail_json(msg="%s needs a model store: set cache_dir (a Hugging Face hub cache) and/or "
-                             "models_dir (a folder of model directories)" % action)
+        raise StoreError("%s: %s (nothing was changed)" % (action, why))
+    if not params["cache_dir"] and not params["models_dir"]:
+        raise StoreError("%s needs a model store: set cache_dir (a Hugging Face hub cache) and/or "
+                         "models_dir (a folder of model directories)" % action)
     out = []
     for key in ("cache_dir", "models_dir"):
-        path = p[key]
+        path = params[key]
         if not path:
             out.append("")
             continue
-        if not os.path.exists(path) and p.get("allow_missing_store"):
+        if not os.path.exists(path) and params.get("allow_missing_store"):
             out.append("")   # planned as empty: an earlier step of the same run creates it
             continue
         if not os.path.exists(path):
-            module.fail_json(msg="%s: %s %s does not exist; create it or fix the path (nothing was "
-                                 "changed)" % (action, key, path))
+            raise StoreError("%s: %s %s does not exist; create it or fix the path (nothing was "
+                             "changed)" % (action, key, path))
         if not os.path.isdir(path):
-            module.fail_json(msg="%s: %s %s is not a directory; point it at the store's folder "
-                                 "(nothing was changed)" % (action, key, path))
+            raise StoreError("%s: %s %s is not a directory; point it at the store's folder "
+                             "(nothing was changed)" % (action, key, path))
         out.append(os.path.realpath(path))
     return out[0], out[1]
 
 
-def store_fs_path(module, store) -> str:
+def store_fs_path(params: dict, store) -> str:
     """The folder whose file system holds the store (for a store still to be created, the
     nearest existing parent of its path)."""
-    p = module.params
-    return store.cache_dir or store.models_dir or nearest_existing(p["cache_dir"] or p["models_dir"])
+    return store.cache_dir or store.models_dir or nearest_existing(params["cache_dir"] or params["models_dir"])
 
 
-def scan(module, action: str):
-    cache_dir, models_dir = store_dirs(module, action)
+def scan(params: dict, action: str):
+    """(the scanned store, seconds the scan took); StoreError when the options or the folders are unusable."""
+    cache_dir, models_dir = store_dirs(params, action)
     started = time.monotonic()
     try:
-        store = ms.scan_store(cache_dir, models_dir, workers=max(1, module.params["scan_workers"]))
+        store = model_store.scan_store(cache_dir, models_dir, workers=max(1, params["scan_workers"]))
     except OSError as exc:
-        module.fail_json(msg="%s: cannot scan the model store (%s); check permissions" % (action, exc))
+        raise StoreError("%s: cannot scan the model store (%s); check permissions" % (action, exc))
     return store, time.monotonic() - started
 
 
@@ -111,30 +117,34 @@ def running_vllm_servers(proc: str = procfs.PROC) -> list:
     processes = []
     for pid in procfs.pids(proc):
         argv = procfs.process_argv(pid, proc)
-        if argv and sm.is_vllm_server(argv) and not procfs.other_mount_namespace(pid, proc):
+        if argv and served_model.is_vllm_server(argv) and not procfs.other_mount_namespace(pid, proc):
             processes.append((pid, argv, procfs.process_cwd(pid, proc)))
-    return sm.served_by_processes(processes)
+    return served_model.served_by_processes(processes)
 
 
-def host_state(module, store, action: str, target_commit: str = "") -> dict:
-    """build_protections() from the module's options, the deployment record, the vLLM unit and
-    the vLLM servers running on the host (one started by hand serves a model too)."""
-    p = module.params
+def host_state(params: dict, store, action: str, commands, target_commit: str = "") -> dict:
+    """build_protections() from the options, the deployment record, the vLLM unit (read with
+    ``commands``, a HostCommands) and the vLLM servers running on the host (one started by hand
+    serves a model too). Its ``warnings`` are for the module to show; StoreError when the record or
+    the options cannot be used."""
     try:
-        record = sm.read_deployment_record(p["deployment_record"]) if p["deployment_record"] else None
-    except sm.ServedError as exc:
-        module.fail_json(msg="%s: %s" % (action, exc))
-    unit = sm.read_unit(module, p["vllm_unit"])
+        record = (served_model.read_deployment_record(params["deployment_record"])
+                  if params["deployment_record"] else None)
+    except served_model.ServedError as exc:
+        raise StoreError("%s: %s" % (action, exc))
+    unit = served_model.read_unit(commands, params["vllm_unit"])
     try:
         state = disk_plan.build_protections(
-            store, models=p["models"], target=p["target"], target_commit=target_commit,
-            keep=p["keep"], served=p["served"], record=record, record_path=p["deployment_record"],
-            unit=unit, unit_name=p["vllm_unit"], protect_paths=p["protect_paths"],
-            processes=running_vllm_servers())
+            store, models=params["models"], target=params["target"], target_commit=target_commit,
+            keep=params["keep"], served=params["served"], record=record,
+            record_path=params["deployment_record"], unit=unit, unit_name=params["vllm_unit"],
+            protect_paths=params["protect_paths"], processes=running_vllm_servers())
     except disk_plan.PlanError as exc:
-        module.fail_json(msg="%s: %s (nothing was changed)" % (action, exc))
+        raise StoreError("%s: %s (nothing was changed)" % (action, exc))
+    state["warnings"] = []
     if not state["served"]["sources"]:
-        module.warn("%s: the served model is unknown (no deployment record at %s, no model in unit "
-                    "%s, no vLLM server running): nothing is protected as served"
-                    % (action, p["deployment_record"], p["vllm_unit"]))
+        state["warnings"].append(
+            "%s: the served model is unknown (no deployment record at %s, no model in unit "
+            "%s, no vLLM server running): nothing is protected as served"
+            % (action, params["deployment_record"], params["vllm_unit"]))
     return state

@@ -11,6 +11,7 @@ import pytest
 from filelock import FileLock
 from huggingface_hub.utils import WeakFileLock
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 
@@ -74,6 +75,57 @@ def test_unit_file_exec_start_with_continuation():
 ])
 def test_served_from_unit(show, expected):
     assert served_model.served_from_unit(served_model.parse_systemctl_show(show)) == expected
+
+
+def fake_systemctl(rc: int, out: str, calls: list, installed: bool = True) -> HostCommands:
+    """A HostCommands shaped like the real calls: which() finds systemctl, run() answers ``systemctl
+    show`` with (rc, out, '') and notes each argv with the locale it ran under."""
+    def run(argv, env):
+        calls.append((argv, env))
+        return rc, out, ""
+    return HostCommands(run, lambda name: "/usr/bin/" + name if installed and name == "systemctl" else None)
+
+
+SHOW_ACTIVE = "LoadState=loaded\nActiveState=active\nExecStart={ path=/v ; argv[]=/v/vllm serve /m ; }\n"
+UNIT_FILE = "[Service]\nExecStart=/opt/vllm/bin/vllm serve /models/from-file \\\n  --port 8000\n"
+
+
+# (id, systemctl installed, its rc, its output, unit file in the unit folder, expected)
+READ_UNIT = [
+    ("systemctl-loaded", True, 0, SHOW_ACTIVE, None, {"model": "/m", "active": True, "unit_state": "active"}),
+    ("systemctl-not-found", True, 0, "LoadState=not-found\nActiveState=inactive\nExecStart=\n", UNIT_FILE, None),
+    ("systemd-not-running-unit-file", True, 1, "", UNIT_FILE,
+     {"model": "/models/from-file", "active": None, "unit_state": "unknown (systemd not running)"}),
+    ("no-systemctl-unit-file", False, 0, SHOW_ACTIVE, UNIT_FILE,
+     {"model": "/models/from-file", "active": None, "unit_state": "unknown (systemd not running)"}),
+    ("no-systemctl-no-unit-file", False, 0, "", None, None),
+]
+
+
+@pytest.mark.parametrize("installed,rc,out,unit_file,expected", [r[1:] for r in READ_UNIT],
+                         ids=[r[0] for r in READ_UNIT])
+def test_read_unit(tmp_path, monkeypatch, installed, rc, out, unit_file, expected):
+    monkeypatch.setattr(served_model, "UNIT_DIRS", (str(tmp_path / "none"), str(tmp_path)))
+    if unit_file is not None:
+        (tmp_path / "vllm.service").write_text(unit_file)
+    calls = []
+    assert served_model.read_unit(fake_systemctl(rc, out, calls, installed), "vllm.service") == expected
+    if installed:   # one systemctl show, under the C locale its output is parsed in
+        assert calls == [(["/usr/bin/systemctl", "show", "--property=LoadState,ActiveState,ExecStart", "--",
+                           "vllm.service"], {"LANG": "C", "LC_ALL": "C"})]
+    else:
+        assert calls == []
+
+
+def test_read_unit_without_a_unit_name_asks_nothing():
+    calls = []
+    assert served_model.read_unit(fake_systemctl(0, SHOW_ACTIVE, calls), "") is None
+    assert calls == []
+
+
+def test_read_unit_on_this_host_for_a_unit_that_does_not_exist():
+    """The real runner: systemctl (running or not) or the unit folders know no such unit."""
+    assert served_model.read_unit(HostCommands.local(), "modelswap-test-no-such-unit.service") is None
 
 
 def test_deployment_record(tmp_path):

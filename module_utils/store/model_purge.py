@@ -1,0 +1,480 @@
+# -*- coding: utf-8 -*-
+# Copyright: modelswap engineers; Apache-2.0
+"""model_purge's logic: judge the items, plan what goes, then delete exactly the plan.
+
+The module reads (store_context.scan, host_state), calls ``plan_purge`` (which judges every item,
+groups them into deletion steps, plans the paths each step unlinks, the orphaned partial downloads
+and the stale lock files) and, outside check mode, ``apply_purge``: with every download lock of
+what changes held, the plan is checked again (model_store.plan_changes) and deleted as planned.
+
+The plan functions read the scanned store and probe locks but change nothing; each is
+table-tested directly (tests/unit/test_model_purge_plan.py). Refusals and failures raise
+PurgeError, whose message is final and whose ``details`` are the extra result keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import listed
+
+try:
+    from huggingface_hub import DeleteCacheStrategy
+    HF_IMPORT_ERROR = None
+except Exception as exc:  # pragma: no cover - exercised on hosts without the library
+    DeleteCacheStrategy = None
+    HF_IMPORT_ERROR = exc
+
+ACTION = "model_purge"
+
+
+class PurgeError(Exception):
+    """A purge that failed; the message is final, ``details`` the result keys to return with it."""
+
+    def __init__(self, msg: str, **details):
+        super().__init__(msg)
+        self.details = details
+
+
+class PurgeRefused(PurgeError):
+    """A purge refused before anything was deleted (an item, a root, a lock, a changed store)."""
+
+
+@dataclasses.dataclass
+class PurgePlan:
+    """Everything a purge deletes, decided before deleting (check mode returns it as it is)."""
+    chosen: list            # the judged items (model_store.Item), in the order given
+    absent: list            # item strings not in the store (missing=ignore)
+    steps: list             # group_steps(chosen): (kind, key, [Item])
+    removed: list           # one row per item, with the bytes its step frees
+    deletions: list         # model_store.delete_plan steps: the exact paths to unlink
+    orphans: list = dataclasses.field(default_factory=list)        # {"path", "repo_id", "bytes"}
+    busy_orphans: list = dataclasses.field(default_factory=list)   # partial files a download holds
+    stale: list = dataclasses.field(default_factory=list)          # {"path", "bytes", "dir"}
+
+    def result(self) -> dict:
+        """The module's result for this plan (a real run replaces the orphans, locks and bytes)."""
+        planned = (sum(r["bytes"] for r in self.removed) + sum(o["bytes"] for o in self.orphans)
+                   + sum(s["bytes"] for s in self.stale))
+        return dict(changed=bool(self.removed or self.orphans or self.stale), removed=self.removed,
+                    absent=self.absent, orphans_removed=self.orphans, orphans_busy=self.busy_orphans,
+                    locks_removed=[s["path"] for s in self.stale], planned_bytes=planned,
+                    expected_freed_size=sum(step.expected for step in self.deletions), freed_bytes=None)
+
+    def needs_huggingface_hub(self) -> bool:
+        return any(step.uses_hf for step in self.deletions)
+
+
+# ------------------------------------------------------------------------------ reading helpers
+def path_refusal(path: str, roots) -> str:
+    """Why ``path`` may not be deleted under ``roots`` (real paths), or ''."""
+    norm = os.path.normpath(path)
+    real = os.path.realpath(norm)
+    if not any(model_store.is_within(norm, r) or model_store.is_within(real, r) for r in roots):
+        return "it is outside the roots (%s); only paths inside them can be purged" % ", ".join(roots)
+    if real in roots or norm in roots:
+        return "it is a root itself (%s); name an item inside it" % real
+    if not any(model_store.is_within(real, r) for r in roots):
+        return "it resolves through a symlink to %s, outside the roots (%s)" % (real, ", ".join(roots))
+    if os.path.islink(norm):
+        return "it is a symlink (to %s); name the directory itself" % os.readlink(norm)
+    return ""
+
+
+def lock_dirs_for(store, item):
+    """(the lock folder a download of ``item`` uses, whether to walk it recursively)."""
+    if item.kind == "dir":
+        return os.path.join(item.path, ".cache", "huggingface", "download"), True
+    return store_locks.lock_dir(store.cache_dir, item.folder), False
+
+
+def folder_of(orphan_path: str) -> str:
+    """<cache>/<folder>/blobs/<name>.incomplete -> <folder>."""
+    return os.path.basename(os.path.dirname(os.path.dirname(orphan_path)))
+
+
+def walk_alloc(path: str) -> int:
+    """Allocated bytes of the distinct inodes under ``path`` (what du counts)."""
+    total = 0
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def free_bytes(paths) -> int:
+    """Free bytes of the file systems holding ``paths``, each file system counted once."""
+    seen, total = set(), 0
+    for path in paths:
+        st = os.statvfs(path)
+        dev = os.stat(path).st_dev
+        if dev not in seen:
+            seen.add(dev)
+            total += st.f_bfree * st.f_frsize
+    return total
+
+
+# ------------------------------------------------------------------------------------- the plan
+def purge_roots(store, roots_option) -> list:
+    """The roots deletions stay inside, as real paths (default: the store's folders)."""
+    roots = []
+    for root in roots_option or [store.cache_dir, store.models_dir]:
+        if not root:
+            continue
+        if not os.path.isdir(root):
+            raise PurgeRefused("%s: root %s is not an existing directory; fix roots (nothing was "
+                               "deleted)" % (ACTION, root))
+        roots.append(os.path.realpath(root))
+    return roots
+
+
+def served_refusal(item, guard, state, unit_name: str) -> str:
+    """Why the served ``item`` may not go even with allow_served_purge, or '': a vLLM server still
+    serves it, or its unit runs (or its state is unknown)."""
+    live = disk_plan.protecting(item, state["running"])
+    if live is not None:
+        return "it is %s; stop that server before purging the model it serves" % live.label
+    if state["served"]["unit_active"] is not False:
+        return ("it is %s and unit %s is %s; stop the service before purging the served "
+                "model" % (guard.label, unit_name, "running" if state["served"]["unit_active"]
+                           else "in an unknown state"))
+    return ""
+
+
+def judge_items(store, items, *, roots, models, state, missing: str = "ignore",
+                allow_served_purge: bool = False, unit_name: str = "") -> tuple:
+    """(refused, absent, chosen): every item resolved and checked against the roots and the
+    protections, all together, so that one refusal deletes nothing. ``refused`` rows are
+    {"item", "rule", "why"}; ``chosen`` the store items, each once, in the order given."""
+    refused, absent, chosen = [], [], []
+    for text in items:
+        try:
+            if isinstance(text, str) and os.path.isabs(text):
+                why = path_refusal(text, roots)
+                if why:
+                    refused.append({"item": text, "rule": "roots", "why": why})
+                    continue
+                item = disk_plan.item_for_path(store, os.path.realpath(text))
+            else:
+                item = disk_plan.resolve_item(store, text, models)
+        except disk_plan.NotInStore as exc:
+            if missing == "fail":
+                refused.append({"item": text, "rule": "missing", "why": "%s (missing=fail)" % exc})
+            else:
+                absent.append(text)
+            continue
+        except disk_plan.PlanError as exc:
+            refused.append({"item": text, "rule": "input", "why": str(exc)})
+            continue
+        why = path_refusal(item.path, roots)
+        if why:
+            refused.append({"item": text, "rule": "roots", "why": why})
+            continue
+        guard = disk_plan.protecting(item, state["protections"])
+        if guard is not None:
+            if guard.rule == "served" and allow_served_purge and item in state["served_items"]:
+                why = served_refusal(item, guard, state, unit_name)
+                if why:
+                    refused.append({"item": text, "rule": "served", "why": why})
+                    continue
+            else:
+                refused.append({"item": text, "rule": guard.rule, "why": "it is %s" % guard.label})
+                continue
+        if item.kind == "revision":
+            rev = store.repos[item.folder].revisions[item.commit]
+            if rev.foreign_links:
+                refused.append({"item": text, "rule": "roots", "why": (
+                    "its snapshot links leave the repo's blobs (e.g. %s); huggingface_hub's strategy "
+                    "would delete those targets; fix the links or purge the whole repo" % rev.foreign_links[0])})
+                continue
+        if item not in chosen:
+            chosen.append(item)
+    return refused, absent, chosen
+
+
+def refusal_message(refused) -> str:
+    return "%s refused %s; nothing was deleted" % (ACTION, "; ".join(
+        "%r: %s (rule: %s)" % (r["item"], r["why"], r["rule"]) for r in refused))
+
+
+def group_steps(chosen) -> list:
+    """[(kind, key, [Item])]: a repo item covers its revisions (they are dropped); the revisions of
+    one repo go in one step (one huggingface_hub strategy); each directory is a step."""
+    whole = {i.folder for i in chosen if i.kind == "repo"}
+    by_repo = {}
+    steps = []
+    for item in chosen:
+        if item.kind == "repo":
+            steps.append(("repo", item.folder, [item]))
+        elif item.kind == "revision" and item.folder not in whole:
+            if item.folder not in by_repo:
+                by_repo[item.folder] = []
+                steps.append(("revisions", item.folder, by_repo[item.folder]))
+            by_repo[item.folder].append(item)
+        elif item.kind == "dir":
+            steps.append(("dir", item.name, [item]))
+    return steps
+
+
+def plan_removal(store, steps, simulator, models=None) -> tuple:
+    """(removed rows, model_store.delete_plan steps): the bytes each step frees, simulated in order
+    on ``simulator`` (a DeletionSimulator the orphans are then planned on); PurgeRefused for
+    revisions of a damaged repo."""
+    removed = []
+    repo_steps = []
+    for kind, key, group in steps:
+        if kind == "revisions":
+            effect = simulator.apply_revisions(key, [i.commit for i in group])
+            if effect.removes_repo:
+                kind = "repo"
+        else:
+            effect = simulator.apply(group[0])
+        for item in group:
+            row = disk_plan.item_dict(store, item, models)
+            row["bytes"] = effect.bytes if item is group[0] else 0
+            if effect.removes_repo and item.kind == "revision":
+                row["removes_repo"] = True
+            removed.append(row)
+        if kind in ("repo", "revisions"):
+            repo = store.repos[key]
+            if repo.problems and kind == "revisions":
+                raise PurgeRefused("%s refused %s: the cached repo is damaged (%s); purge the whole "
+                                   "repo instead; nothing was deleted" % (ACTION, repo.repo_id, repo.problems[0]),
+                                   changed=False)
+            repo_steps.append((key, effect))
+    deletions = model_store.delete_plan(store, repo_steps, [g[0].name for k, _, g in steps if k == "dir"])
+    return removed, deletions
+
+
+def cache_in_roots(store, roots) -> bool:
+    """Orphans and stale locks are cleaned only when the cache itself is inside the roots."""
+    return bool(store.cache_dir) and any(model_store.is_within(store.cache_dir, r) for r in roots)
+
+
+def plan_orphans(store, simulator) -> tuple:
+    """(orphans, busy paths): partial downloads in repos that stay, where no download holds a
+    lock of the repo or the blob's own lock; their bytes simulated after the removals."""
+    orphans, busy_orphans = [], []
+    for folder in sorted(store.repos):
+        if folder in simulator.gone_repos:
+            continue
+        repo = store.repos[folder]
+        if not repo.orphans:
+            continue
+        busy = store_locks.busy_locks(store_locks.lock_dir(store.cache_dir, folder))
+        for orphan in repo.orphans:
+            lock = os.path.join(store_locks.lock_dir(store.cache_dir, folder), orphan.etag + ".lock")
+            if busy or store_locks.probe(lock) is not False:
+                busy_orphans.append(orphan.path)
+                continue
+            effect = simulator.apply(model_store.Item("orphan", folder=folder, path=orphan.path))
+            orphans.append({"path": orphan.path, "repo_id": repo.repo_id, "bytes": effect.bytes})
+    return orphans, busy_orphans
+
+
+def plan_stale_locks(store, simulator) -> list:
+    """[{"path", "bytes", "dir"}]: lock files nobody holds in repos that stay, and the lock folders
+    of repos no longer cached (a folder with a held lock is left whole)."""
+    stale = []
+    locks_root = os.path.join(store.cache_dir, ".locks")
+    for folder in listed(locks_root):
+        path = os.path.join(locks_root, folder)
+        if folder in simulator.gone_repos or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        if store_locks.busy_locks(path):
+            continue
+        if folder not in store.repos and model_store.parse_repo_folder(folder):
+            stale.append({"path": path, "bytes": walk_alloc(path), "dir": True})
+            continue
+        for name in sorted(os.listdir(path)):
+            lock = os.path.join(path, name)
+            if name.endswith(".lock") and store_locks.is_regular(lock):
+                stale.append({"path": lock, "bytes": os.lstat(lock).st_blocks * 512, "dir": False})
+    return stale
+
+
+def plan_purge(store, state, *, roots, items, models=None, missing: str = "ignore",
+               allow_served_purge: bool = False, unit_name: str = "", clean_orphans: bool = True,
+               clean_stale_locks: bool = True) -> PurgePlan:
+    """The whole plan from what the module read; PurgeRefused (nothing deleted) when an item is
+    refused or a repo whose revisions are named is damaged."""
+    refused, absent, chosen = judge_items(store, items, roots=roots, models=models, state=state,
+                                          missing=missing, allow_served_purge=allow_served_purge,
+                                          unit_name=unit_name)
+    if refused:
+        raise PurgeRefused(refusal_message(refused), refused=refused, changed=False)
+    steps = group_steps(chosen)
+    simulator = model_store.DeletionSimulator(store)
+    removed, deletions = plan_removal(store, steps, simulator, models)
+    plan = PurgePlan(chosen=chosen, absent=absent, steps=steps, removed=removed, deletions=deletions)
+    in_roots = cache_in_roots(store, roots)
+    if clean_orphans and in_roots:
+        plan.orphans, plan.busy_orphans = plan_orphans(store, simulator)
+    if clean_stale_locks and in_roots:
+        plan.stale = plan_stale_locks(store, simulator)
+    return plan
+
+
+def purge_diff(store, plan: PurgePlan) -> dict:
+    """The store's listing before and after the plan (diff mode)."""
+    planned_orphans = {o["path"] for o in plan.orphans}
+    gone = list(plan.chosen) + [model_store.Item("orphan", folder=o.folder, path=o.path)
+                                for r in store.repos.values() for o in r.orphans
+                                if o.path in planned_orphans]
+    return {"before_header": "model store", "after_header": "model store",
+            "before": "\n".join(model_store.listing(store)) + "\n",
+            "after": "\n".join(model_store.listing(store, gone)) + "\n"}
+
+
+# ------------------------------------------------------------------------------------ the apply
+def delete_step(store, step):
+    """Delete exactly ``step``'s planned paths (model_store.delete_plan), already re-checked: a healthy
+    repo's through huggingface_hub's strategy (its deletion order and shared-store cleanup), a
+    damaged repo or a plain directory with rmtree."""
+    if step.uses_hf:
+        fields = {f.name for f in dataclasses.fields(DeleteCacheStrategy)}
+        extra = {"cache_dir": Path(store.cache_dir)} if "cache_dir" in fields else {}
+        DeleteCacheStrategy(
+            expected_freed_size=step.expected,
+            blobs=frozenset(Path(x) for x in step.paths("blob")),
+            refs=frozenset(Path(x) for x in step.paths("ref")),
+            repos=frozenset(Path(x) for x in step.paths("repo")),
+            snapshots=frozenset(Path(x) for x in step.paths("snapshot")), **extra).execute()
+        model_store.remove_metadata(step)
+    else:
+        shutil.rmtree(step.unlinks[0].path)
+    if step.whole and step.folder:
+        shutil.rmtree(store_locks.lock_dir(store.cache_dir, step.folder), ignore_errors=True)
+
+
+def store_folders(store) -> list:
+    return [r for r in (store.cache_dir, store.models_dir) if r]
+
+
+def delete_planned(store, plan: PurgePlan, result: dict) -> tuple:
+    """Hold every download lock of what changes, check the plan still holds, delete exactly it;
+    the locks are released whatever happens. Returns (the labels of the steps deleted, the free
+    bytes measured right before the first deletion).
+    PurgeRefused (nothing deleted) for a busy lock or a changed store, PurgeError for a failed
+    deletion (``result`` returned with it, less ``changed``)."""
+    holders = []
+    done = []
+    try:
+        for _kind, _key, group in plan.steps:
+            item = group[0]
+            directory, recursive = lock_dirs_for(store, item)
+            holder = store_locks.LockSet(directory, recursive)
+            busy = holder.acquire_all()
+            if busy:
+                raise PurgeRefused("%s refused %s: a download holds %s; wait for it to finish or stop it; "
+                                   "nothing was deleted" % (ACTION, item.ident, busy[0]), changed=False)
+            holders.append(holder)
+        changes = model_store.plan_changes(store, plan.deletions)
+        if changes:
+            raise PurgeRefused("%s refused: the store changed since it was planned (%s%s); nothing was "
+                               "deleted; find out who writes to it, then run again to plan afresh" % (
+                                   ACTION, "; ".join(changes[:5]),
+                                   "; and %d more" % (len(changes) - 5) if len(changes) > 5 else ""),
+                               changes=changes, changed=False)
+        before = free_bytes(store_folders(store))
+        try:
+            for step in plan.deletions:
+                delete_step(store, step)
+                done.append(step.label)
+        except OSError as exc:
+            raise PurgeError("%s: deleting failed (%s); done before the failure: %s" % (
+                ACTION, exc, ", ".join(done) or "nothing"), changed=bool(done), **{
+                    k: v for k, v in result.items() if k != "changed"})
+    finally:
+        for holder in holders:
+            holder.release()
+    return done, before
+
+
+def remove_orphans(store, orphans, busy_orphans: list, clean_stale_locks: bool) -> list:
+    """Delete the planned orphans, per repo, only with every lock of the repo and the blob's own
+    lock held; one that became busy is added to ``busy_orphans``. Returns the orphans deleted."""
+    removed_orphans = []
+    for folder in sorted({folder_of(o["path"]) for o in orphans}):
+        mine = [o for o in orphans if folder_of(o["path"]) == folder]
+        holder = store_locks.LockSet(store_locks.lock_dir(store.cache_dir, folder))
+        if holder.acquire_all():
+            busy_orphans.extend(o["path"] for o in mine)
+            continue
+        created = []
+        try:
+            for orphan in mine:
+                etag = os.path.basename(orphan["path"]).split(".", 1)[0]
+                lock = os.path.join(store_locks.lock_dir(store.cache_dir, folder), etag + ".lock")
+                existed = os.path.lexists(lock)
+                if not holder.acquire(etag + ".lock"):
+                    busy_orphans.append(orphan["path"])
+                    continue
+                if not existed:
+                    created.append(lock)
+                try:
+                    os.unlink(orphan["path"])
+                    removed_orphans.append(orphan)
+                except FileNotFoundError:
+                    pass
+            if not clean_stale_locks:
+                # the locks taken to delete them were not there before: leave none behind
+                for lock in created:
+                    if os.path.lexists(lock):
+                        os.unlink(lock)
+        finally:
+            holder.release()
+    return removed_orphans
+
+
+def remove_stale_locks(store, stale, removed_orphans, clean_stale_locks: bool) -> list:
+    """Delete the planned stale locks that nobody holds now, then the lock files taken for the
+    orphans of repos that are clean now. Returns the paths deleted."""
+    removed_locks = []
+    for lock in stale:
+        if lock["dir"]:
+            holder = store_locks.LockSet(lock["path"])
+            if not holder.acquire_all():
+                shutil.rmtree(lock["path"], ignore_errors=True)
+                removed_locks.append(lock["path"])
+            holder.release()
+        else:
+            holder = store_locks.LockSet(os.path.dirname(lock["path"]))
+            if holder.acquire(os.path.basename(lock["path"])):
+                holder.remove_held()
+                removed_locks.append(lock["path"])
+            holder.release()
+    if clean_stale_locks:
+        for folder in {folder_of(o["path"]) for o in removed_orphans}:
+            holder = store_locks.LockSet(store_locks.lock_dir(store.cache_dir, folder))
+            if not holder.acquire_all():
+                for path in holder.remove_held():
+                    if path not in removed_locks:
+                        removed_locks.append(path)
+            holder.release()
+    return removed_locks
+
+
+def apply_purge(store, plan: PurgePlan, result: dict, *, clean_stale_locks: bool = True) -> dict:
+    """Delete the plan (delete_planned, then the orphans and stale locks); ``result`` (the plan's,
+    with its diff) updated with what was really removed and the bytes freed, from statvfs."""
+    done, before = delete_planned(store, plan, result)
+    removed_orphans = remove_orphans(store, plan.orphans, result["orphans_busy"], clean_stale_locks)
+    result["orphans_removed"] = removed_orphans
+    result["locks_removed"] = remove_stale_locks(store, plan.stale, removed_orphans, clean_stale_locks)
+    after = free_bytes(store_folders(store))
+    result.update(freed_bytes=after - before,
+                  changed=bool(done or removed_orphans or result["locks_removed"]))
+    return result
