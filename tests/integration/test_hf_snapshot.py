@@ -23,6 +23,7 @@ import pytest
 from tests.support.modules import REPO, run_module
 from tests.support.synthetic_cache import MB
 from tests.support.synthetic_cache import incompressible as blob
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.hub
 
@@ -95,16 +96,6 @@ def module_env(hf_env):
     env = dict(os.environ, **hf_env)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
     return env
-
-
-def wait_for(predicate, timeout=30.0, interval=0.05, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ------------------------------------------------------------------------------------------ success
@@ -228,7 +219,7 @@ def test_killed_download_leaves_orphans_that_the_rerun_removes(local_hub, hf_env
     try:
         blobs = cache / "models--org--big" / "blobs"
         wait_for(lambda: any(p.stat().st_size > MB for p in blobs.glob("*.incomplete")) if blobs.is_dir() else False,
-                 what="a partial file over 1 MiB")
+                 timeout=30, interval=0.05, what="a partial file over 1 MiB")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -425,7 +416,7 @@ def test_disk_filling_up_mid_download_is_a_clear_error(snap, local_hub, hf_env, 
             blobs = cache / "models--org--two" / "blobs"
             large = hashlib.sha256(blob("l", 8 * MB)).hexdigest()
             wait_for(lambda: blobs.is_dir() and any(blobs.glob(large + ".*.incomplete")),
-                     what="the large file's partial download")
+                     timeout=30, interval=0.05, what="the large file's partial download")
             # someone else fills the disk meanwhile
             with open(mnt / "ballast", "wb") as fh:
                 with contextlib.suppress(OSError):
@@ -588,7 +579,7 @@ def test_a_second_run_waits_for_the_first_and_then_has_nothing_to_do(local_hub, 
                              stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (tmp_path / "p1.json").exists() and
-                 json.loads((tmp_path / "p1.json").read_text())["state"] == "downloading", what="the first run")
+                 json.loads((tmp_path / "p1.json").read_text())["state"] == "downloading", timeout=30, interval=0.05, what="the first run")
         second = run_module("hf_snapshot", dict(args, progress_file=str(tmp_path / "p2.json")), env=hf_env)
         out, _ = first.communicate(timeout=60)
     finally:

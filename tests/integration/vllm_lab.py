@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-import time
 import urllib.error
 import urllib.request
+
+from tests.support.waiting import wait_for  # noqa: F401 - the lab tests call V.wait_for
 
 DEPLOY = "playbooks/deploy.yml"
 ROLLBACK = "playbooks/rollback.yml"
@@ -157,16 +158,6 @@ def journal_since(lab, host: str, since_epoch: float) -> str:
 
 def host_epoch(lab, host: str) -> float:
     return float(lab.ssh(host, "date +%s.%N").stdout)
-
-
-def wait_for(predicate, timeout: float, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return predicate()
 
 
 def q(text: str) -> str:

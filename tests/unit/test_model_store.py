@@ -14,22 +14,10 @@ from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from tests.support import synthetic_cache
+from tests.support.scratch_fs import tree_usage
 from tests.support.synthetic_cache import A, B, C, W1, W2
 
 pytestmark = pytest.mark.unit
-
-
-def tree_usage(*roots) -> int:
-    """Allocated bytes of the distinct inodes under ``roots`` (what du counts)."""
-    seen, total = set(), 0
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
-                st = os.lstat(name)
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-    return total
 
 
 def build(tmp_path):
