@@ -70,7 +70,8 @@ REFUSALS = [
     ("served-by-option", ["two"], {"served": "two"}, {}, [("two", "served", "served option")]),
     ("target", ["org/one@" + B], {"target": "one-b"}, {}, [("org/one@" + B, "target", "target model 'one-b'")]),
     ("keep", ["org/two"], {"keep": ["two"]}, {}, [("org/two", "keep", "keep list")]),
-    ("protected-path", ["plain"], {"protect_paths": ["{models}/plain/w.bin"]}, {}, [("plain", "path", "protected path")]),
+    ("protected-path", ["plain"], {"protect_paths": ["{models}/plain/w.bin"]}, {},
+     [("plain", "path", "protected path")]),
     ("served-allowed-but-a-server-runs-it", ["{models}/served-dir"],
      {"processes": [{"pid": 4242, "model": "{models}/served-dir"}]}, {"allow_served_purge": True},
      [("{models}/served-dir", "served", "running vLLM server, PID 4242; stop that server")]),
@@ -257,8 +258,8 @@ def test_orphans_and_stale_locks_in_repos_that_stay(world):
     # org/one goes whole: its orphan and its locks go with it, not as orphans or stale locks
     assert [o["path"] for o in plan.orphans] == [str(orphan_two)] and plan.busy_orphans == []
     assert plan.orphans[0]["repo_id"] == "org/two" and plan.orphans[0]["bytes"] > 0
-    assert [(s["path"], s["dir"]) for s in plan.stale] == [(str(locks / sc.folder_for("org/gone")), True),
-                                                          (str(locks / TWO / "x.lock"), False)]
+    assert [(s["path"], s["dir"]) for s in plan.stale] == [
+        (str(locks / sc.folder_for("org/gone")), True), (str(locks / TWO / "x.lock"), False)]
     # nothing is cleaned when the cache is outside the roots, or when asked not to
     plan = model_purge.plan_purge(store, state, roots=[store.models_dir], items=[], models=MODELS)
     assert plan.orphans == [] and plan.stale == []
