@@ -264,100 +264,9 @@ journal_errors:
            "vllm.service: Main process exited, code=exited, status=1/FAILURE"]
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import parse_systemctl_show
-
-
-# Journal lines scanned for the errors of a failed start (the root cause can be a traceback or
-# two before the end).
-JOURNAL_SCAN = 2000
-
-
-class Unit:
-    """Reads a unit's state and journal through systemctl/journalctl."""
-
-    def __init__(self, module, name):
-        self.module = module
-        self.name = name
-        self.systemctl = module.get_bin_path("systemctl", required=True)
-        self.journalctl = module.get_bin_path("journalctl")
-
-    def show(self):
-        rc, out, err = self.module.run_command(
-            [self.systemctl, "show", "--property=Id," + ",".join(vllm_ready.UNIT_PROPERTIES),
-             "--", self.name], environ_update={"LANG": "C", "LC_ALL": "C"})
-        if rc != 0:
-            self.module.fail_json(msg="reading the state of %s failed: systemctl show exited %d: %s"
-                                  % (self.name, rc, err.strip()))
-        return parse_systemctl_show(out)
-
-    def journal(self, since_epoch, lines=JOURNAL_SCAN):
-        """The unit's newest ``lines`` journal lines since ``since_epoch``, oldest first.
-
-        (With --since, journalctl's --lines counts from the start of the range; --reverse makes
-        it keep the newest.)
-        """
-        if not self.journalctl or lines <= 0:
-            return []
-        rc, out, _err = self.module.run_command(
-            [self.journalctl, "--unit", self.name, "--since", "@%d" % int(since_epoch),
-             "--reverse", "--lines", str(lines), "--no-pager", "--output", "short-iso", "--quiet"],
-            environ_update={"LANG": "C", "LC_ALL": "C"})
-        return out.splitlines()[::-1] if rc == 0 else []
-
-
-def seconds(value):
-    return "%.0f" % value if value >= 10 else "%.1f" % value
-
-
-def probe_host(host):
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
-def budget_for(params):
-    if params["timeout"] is not None:
-        return {"seconds": params["timeout"], "derived": False, "model_bytes": None}
-    if params["state"] == "stopped":
-        return {"seconds": 120.0, "derived": False, "model_bytes": None}
-    size = vllm_ready.tree_size(params["model_path"]) if params["model_path"] else 0
-    seconds = vllm_ready.startup_budget(size, params["parallel_size"], params["enforce_eager"])
-    return {"seconds": float(seconds), "derived": True, "model_bytes": size}
-
-
-def wait_stopped(module, unit, budget):
-    params = module.params
-    start = time.monotonic()
-    while True:
-        procs = vllm_ready.unit_processes(params["unit"]) if params["unit"] else []
-        listeners = vllm_ready.port_listeners(params["port"])
-        if not procs and not listeners:
-            break
-        if time.monotonic() - start >= budget["seconds"]:
-            break
-        time.sleep(min(params["poll_interval"], 0.5))
-    result = {"ready": not procs and not listeners, "elapsed": round(time.monotonic() - start, 3),
-              "budget": budget, "processes": procs, "port_listeners": listeners,
-              "monotonic": time.monotonic(), "changed": False}
-    if unit:
-        result["unit_state"] = unit.show()
-    if not result["ready"]:
-        parts = []
-        if procs:
-            parts.append("%d process(es) of %s remain: %s" % (
-                len(procs), params["unit"],
-                "; ".join("pid %d %s" % (p["pid"], p["cmdline"][:120]) for p in procs[:5])))
-        if listeners:
-            parts.append("port %d is still held by %s" % (
-                params["port"], "; ".join(vllm_ready.describe_listener(e) for e in listeners)))
-        result["last_error"] = "; ".join(parts)
-        if params["fail_when_not_ready"]:
-            module.fail_json(msg="vllm_ready: waiting for the old vLLM service to be gone failed after "
-                                 "%s s: %s. Stop the listed processes (or raise the timeout) and run "
-                                 "again." % (seconds(result["elapsed"]), result["last_error"]), **result)
-    module.exit_json(**result)
 
 
 def main():
@@ -389,90 +298,22 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if not 0 < params["port"] < 65536:
-        module.fail_json(msg="vllm_ready: port %d is not a TCP port (1..65535)" % params["port"])
-    if params["timeout"] is not None and params["timeout"] < 0:
-        module.fail_json(msg="vllm_ready: timeout must be >= 0 seconds")
-    if params["poll_interval"] <= 0 or params["request_timeout"] <= 0:
-        module.fail_json(msg="vllm_ready: poll_interval and request_timeout must be > 0")
-    if params["api_key_file"]:
-        try:
-            with open(params["api_key_file"], encoding="utf-8") as fh:
-                params["api_key"] = vllm_ready.env_file_value(fh.read(), "VLLM_API_KEY")
-        except FileNotFoundError:
-            params["api_key"] = None
-        except OSError as exc:
-            module.fail_json(msg="vllm_ready: cannot read the API key file %s: %s; run with become"
-                                 % (params["api_key_file"], exc.strerror or exc))
-        if params["api_key"]:
-            module.no_log_values.add(params["api_key"])
-    budget = budget_for(params)
-    unit = Unit(module, params["unit"]) if params["unit"] else None
-    if params["state"] == "stopped":
-        wait_stopped(module, unit, budget)
-        return
-
-    started_epoch = time.time()
-    restarts_before = 0
-    if unit:
-        first = unit.show()
-        if first.get("LoadState") != "loaded":
-            module.fail_json(msg="vllm_ready: the unit %s is not loaded (LoadState=%s); deploy it "
-                                 "before waiting for it" % (params["unit"], first.get("LoadState")))
-        try:
-            restarts_before = int(first.get("NRestarts") or 0)
-        except ValueError:
-            restarts_before = 0
-    state = {"listeners": []}
-
-    def check():
-        if unit:
-            problem = vllm_ready.unit_problem(unit.show(), restarts_before)
-            if problem:
-                return problem
-        if unit and params["check_port_owner"]:
-            listeners = vllm_ready.port_listeners(params["port"])
-            state["listeners"] = listeners
-            foreign = vllm_ready.foreign_listeners(listeners, params["unit"])
-            if foreign:
-                return ("port %d is held by a process outside %s: %s" % (
-                    params["port"], params["unit"],
-                    "; ".join(vllm_ready.describe_listener(e) for e in foreign)))
-        return None
-
-    outcome = vllm_ready.wait_ready(
-        host=probe_host(params["host"]), port=params["port"],
-        served_name=params["served_model_name"], api_key=params["api_key"],
-        budget=budget["seconds"], poll=params["poll_interval"],
-        request_timeout=params["request_timeout"], completion=params["completion"],
-        prompt=params["prompt"], scheme=params["scheme"], check=check, api=params["api"])
-    result = dict(outcome, budget=budget, changed=False, monotonic=time.monotonic(),
-                  port_listeners=state["listeners"] or vllm_ready.port_listeners(params["port"]))
-    if unit:
-        result["unit_state"] = unit.show()
-    if outcome["ready"]:
-        module.exit_json(**result)
-    if unit:
-        since = started_epoch - 1
-        start_us = int(result.get("unit_state", {}).get("ExecMainStartTimestampMonotonic") or 0)
-        if start_us:
-            # since the unit's last start (monotonic -> epoch), when that is later
-            since = max(since, time.time() - (time.monotonic() - start_us / 1e6) - 1)
-        scanned = unit.journal(since, max(JOURNAL_SCAN, params["journal_lines"]))
-        result["journal_errors"] = vllm_ready.journal_errors(scanned)
-        result["journal"] = scanned[-params["journal_lines"]:] if params["journal_lines"] > 0 else []
-    what = params["served_model_name"] or "the server"
-    msg = ("vllm_ready: %s on %s:%d is not ready - gate '%s' failed after %s s (budget %s s): %s"
-           % (what, probe_host(params["host"]), params["port"], outcome["failed_gate"],
-              seconds(outcome["elapsed"]), seconds(budget["seconds"]), outcome["last_error"]))
-    if outcome["stopped_by"] == "timeout":
-        msg += ". The budget ran out: raise the timeout if the model needs longer, or read the journal"
-    if result.get("journal_errors"):
-        msg += ". Errors in the unit's journal: " + " | ".join(result["journal_errors"])
-    elif result.get("journal"):
-        msg += ". Last journal lines: " + " | ".join(result["journal"][-5:])
-    if params["fail_when_not_ready"]:
-        module.fail_json(msg=msg, **result)
+    try:
+        problem = vllm_ready.options_problem(params)
+        if problem:
+            module.fail_json(msg=problem)
+        if params["api_key_file"]:
+            params["api_key"] = vllm_ready.api_key_from_file(params["api_key_file"])
+            if params["api_key"]:
+                module.no_log_values.add(params["api_key"])
+        budget = vllm_ready.budget_for(params)
+        unit = vllm_ready.UnitReader(HostCommands.of(module), params["unit"]) if params["unit"] else None
+        wait = vllm_ready.wait_until_stopped if params["state"] == "stopped" else vllm_ready.wait_until_ready
+        result, failure = wait(params, unit, budget)
+    except vllm_ready.ReadyError as exc:
+        module.fail_json(msg=str(exc))
+    if failure:
+        module.fail_json(msg=failure, **result)
     module.exit_json(**result)
 
 

@@ -12,8 +12,10 @@ The port owner is read from /proc (``/proc/net/tcp*`` -> socket inode -> ``/proc
 process's systemd unit from ``/proc/PID/cgroup``, so a second vLLM sharing the port
 (SO_REUSEPORT) or a stray process is caught, not mistaken for the new service.
 
-Stdlib only; every function that touches the system takes the procfs root, a clock or a callable,
-so the tests drive it with a local HTTP server and fake /proc trees.
+The module vllm_ready is a thin shell over ``wait_until_ready`` / ``wait_until_stopped``: they take
+plain option values, a ``UnitReader`` (systemctl and journalctl through a ``HostCommands``) and
+the clock. Every function that touches the system takes the procfs root, a clock, a HostCommands
+or a callable, so the tests drive it with a local HTTP server, fake /proc trees and fake commands.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import urllib.error
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import SSLValidationError, open_url
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import parse_systemctl_show
 
 GATES = ("port", "health", "models", "completion")
 PROC = "/proc"
@@ -490,3 +493,231 @@ def describe_listener(e: dict) -> str:
     if e.get("cmdline"):
         text += ": %s" % e["cmdline"][:160]
     return text
+
+
+# --------------------------------------------------------------------------------------------
+# the module's logic: options, the unit reader, the two waits and their results
+# --------------------------------------------------------------------------------------------
+# Journal lines scanned for the errors of a failed start (the root cause can be a traceback or
+# two before the end).
+JOURNAL_SCAN = 2000
+
+# An unspecified or all-addresses bind is probed on the loopback address of its family.
+_PROBE_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+class ReadyError(Exception):
+    """The module fails with this message and no result (a bad option, an unreadable unit)."""
+
+
+def format_seconds(value) -> str:
+    """Seconds for a message: whole above 10 s, one decimal below."""
+    return "%.0f" % value if value >= 10 else "%.1f" % value
+
+
+def probe_host(host: str) -> str:
+    return _PROBE_HOSTS.get(host, host)
+
+
+def options_problem(params: dict):
+    """What is wrong with the module's options (the message it fails with), or None."""
+    if not 0 < params["port"] < 65536:
+        return "vllm_ready: port %d is not a TCP port (1..65535)" % params["port"]
+    if params["timeout"] is not None and params["timeout"] < 0:
+        return "vllm_ready: timeout must be >= 0 seconds"
+    if params["poll_interval"] <= 0 or params["request_timeout"] <= 0:
+        return "vllm_ready: poll_interval and request_timeout must be > 0"
+    return None
+
+
+def api_key_from_file(path: str, read_text=None):
+    """The VLLM_API_KEY of the unit's EnvironmentFile ``path``; None when the file is missing or
+    lacks it (the server then runs without a key). ReadyError when it cannot be read."""
+    try:
+        text = read_text(path) if read_text else _read_text(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ReadyError("vllm_ready: cannot read the API key file %s: %s; run with become"
+                         % (path, exc.strerror or exc))
+    return env_file_value(text, "VLLM_API_KEY")
+
+
+def _read_text(path):
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def budget_for(params: dict, size_of=tree_size) -> dict:
+    """The wait's time limit: the timeout given, 120 s to stop, or derived from the model."""
+    if params["timeout"] is not None:
+        return {"seconds": params["timeout"], "derived": False, "model_bytes": None}
+    if params["state"] == "stopped":
+        return {"seconds": 120.0, "derived": False, "model_bytes": None}
+    size = size_of(params["model_path"]) if params["model_path"] else 0
+    seconds = startup_budget(size, params["parallel_size"], params["enforce_eager"])
+    return {"seconds": float(seconds), "derived": True, "model_bytes": size}
+
+
+def _searched_path() -> str:
+    # the folders Ansible's get_bin_path searches, for the same message it fails with
+    paths = os.environ.get("PATH", "").split(os.pathsep)
+    paths += [p for p in ("/sbin", "/usr/sbin", "/usr/local/sbin") if p not in paths and os.path.exists(p)]
+    return os.pathsep.join(paths)
+
+
+class UnitReader:
+    """Reads a unit's state and journal through systemctl/journalctl (a HostCommands)."""
+
+    def __init__(self, commands, name):
+        self.commands = commands
+        self.name = name
+        self.systemctl = commands.which("systemctl")
+        if not self.systemctl:
+            raise ReadyError('Failed to find required executable "systemctl" in paths: %s' % _searched_path())
+        self.journalctl = commands.which("journalctl")
+
+    def show(self) -> dict:
+        rc, out, err = self.commands.run(
+            [self.systemctl, "show", "--property=Id," + ",".join(UNIT_PROPERTIES), "--", self.name])
+        if rc != 0:
+            raise ReadyError("reading the state of %s failed: systemctl show exited %d: %s"
+                             % (self.name, rc, err.strip()))
+        return parse_systemctl_show(out)
+
+    def journal(self, since_epoch, lines=JOURNAL_SCAN) -> list:
+        """The unit's newest ``lines`` journal lines since ``since_epoch``, oldest first.
+
+        (With --since, journalctl's --lines counts from the start of the range; --reverse makes
+        it keep the newest.)
+        """
+        if not self.journalctl or lines <= 0:
+            return []
+        rc, out, _err = self.commands.run(
+            [self.journalctl, "--unit", self.name, "--since", "@%d" % int(since_epoch),
+             "--reverse", "--lines", str(lines), "--no-pager", "--output", "short-iso", "--quiet"])
+        return out.splitlines()[::-1] if rc == 0 else []
+
+
+def _restarts(show: dict) -> int:
+    try:
+        return int(show.get("NRestarts") or 0)
+    except ValueError:
+        return 0
+
+
+def wait_until_stopped(params: dict, unit, budget: dict, *, clock=time.monotonic, sleep=time.sleep,
+                       processes_of=unit_processes, listeners_on=port_listeners):
+    """Wait until no process of the unit is left and nothing listens on the port.
+
+    Returns (result, failure message or None); the message only with fail_when_not_ready.
+    """
+    start = clock()
+    while True:
+        procs = processes_of(params["unit"]) if params["unit"] else []
+        listeners = listeners_on(params["port"])
+        if not procs and not listeners:
+            break
+        if clock() - start >= budget["seconds"]:
+            break
+        sleep(min(params["poll_interval"], 0.5))
+    result = {"ready": not procs and not listeners, "elapsed": round(clock() - start, 3),
+              "budget": budget, "processes": procs, "port_listeners": listeners,
+              "monotonic": clock(), "changed": False}
+    if unit:
+        result["unit_state"] = unit.show()
+    if result["ready"]:
+        return result, None
+    parts = []
+    if procs:
+        parts.append("%d process(es) of %s remain: %s" % (
+            len(procs), params["unit"],
+            "; ".join("pid %d %s" % (p["pid"], p["cmdline"][:120]) for p in procs[:5])))
+    if listeners:
+        parts.append("port %d is still held by %s" % (
+            params["port"], "; ".join(describe_listener(e) for e in listeners)))
+    result["last_error"] = "; ".join(parts)
+    if not params["fail_when_not_ready"]:
+        return result, None
+    return result, ("vllm_ready: waiting for the old vLLM service to be gone failed after "
+                    "%s s: %s. Stop the listed processes (or raise the timeout) and run "
+                    "again." % (format_seconds(result["elapsed"]), result["last_error"]))
+
+
+def journal_since(started_epoch: float, unit_state: dict, now_epoch: float, now_monotonic: float) -> float:
+    """Epoch seconds the failure's journal starts at: the wait's start, or the unit's last start
+    (monotonic microseconds -> epoch) when that is later; a second early for rounding."""
+    since = started_epoch - 1
+    start_us = int(unit_state.get("ExecMainStartTimestampMonotonic") or 0)
+    if start_us:
+        since = max(since, now_epoch - (now_monotonic - start_us / 1e6) - 1)
+    return since
+
+
+def not_ready_message(params: dict, outcome: dict, budget: dict, result: dict) -> str:
+    """The failure message of a wait for ready: the gate, the error, the budget, the journal."""
+    what = params["served_model_name"] or "the server"
+    msg = ("vllm_ready: %s on %s:%d is not ready - gate '%s' failed after %s s (budget %s s): %s"
+           % (what, probe_host(params["host"]), params["port"], outcome["failed_gate"],
+              format_seconds(outcome["elapsed"]), format_seconds(budget["seconds"]), outcome["last_error"]))
+    if outcome["stopped_by"] == "timeout":
+        msg += ". The budget ran out: raise the timeout if the model needs longer, or read the journal"
+    if result.get("journal_errors"):
+        msg += ". Errors in the unit's journal: " + " | ".join(result["journal_errors"])
+    elif result.get("journal"):
+        msg += ". Last journal lines: " + " | ".join(result["journal"][-5:])
+    return msg
+
+
+def wait_until_ready(params: dict, unit, budget: dict, *, clock=time.monotonic, sleep=time.sleep,
+                     epoch=time.time, listeners_on=port_listeners, walk_gates=wait_ready):
+    """Walk the gates (stopping early on the unit's failure or a foreign port owner).
+
+    Returns (result, failure message or None); the message only with fail_when_not_ready.
+    ReadyError when the unit is not loaded.
+    """
+    started_epoch = epoch()
+    restarts_before = 0
+    if unit:
+        first = unit.show()
+        if first.get("LoadState") != "loaded":
+            raise ReadyError("vllm_ready: the unit %s is not loaded (LoadState=%s); deploy it "
+                             "before waiting for it" % (params["unit"], first.get("LoadState")))
+        restarts_before = _restarts(first)
+    seen = {"listeners": []}
+
+    def check():
+        if unit:
+            problem = unit_problem(unit.show(), restarts_before)
+            if problem:
+                return problem
+        if unit and params["check_port_owner"]:
+            listeners = listeners_on(params["port"])
+            seen["listeners"] = listeners
+            foreign = foreign_listeners(listeners, params["unit"])
+            if foreign:
+                return ("port %d is held by a process outside %s: %s" % (
+                    params["port"], params["unit"], "; ".join(describe_listener(e) for e in foreign)))
+        return None
+
+    outcome = walk_gates(
+        host=probe_host(params["host"]), port=params["port"],
+        served_name=params["served_model_name"], api_key=params["api_key"],
+        budget=budget["seconds"], poll=params["poll_interval"],
+        request_timeout=params["request_timeout"], completion=params["completion"],
+        prompt=params["prompt"], scheme=params["scheme"], check=check, api=params["api"],
+        clock=clock, sleep=sleep)
+    result = dict(outcome, budget=budget, changed=False, monotonic=clock(),
+                  port_listeners=seen["listeners"] or listeners_on(params["port"]))
+    if unit:
+        result["unit_state"] = unit.show()
+    if outcome["ready"]:
+        return result, None
+    if unit:
+        since = journal_since(started_epoch, result.get("unit_state", {}), epoch(), clock())
+        scanned = unit.journal(since, max(JOURNAL_SCAN, params["journal_lines"]))
+        result["journal_errors"] = journal_errors(scanned)
+        result["journal"] = scanned[-params["journal_lines"]:] if params["journal_lines"] > 0 else []
+    if not params["fail_when_not_ready"]:
+        return result, None
+    return result, not_ready_message(params, outcome, budget, result)
