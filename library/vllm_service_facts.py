@@ -187,61 +187,9 @@ vllm:
            "python": "/opt/modelswap/venvs/vllm-cpu-0.32.0/bin/python", "version": "0.32.0+cpu"}
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
-    exec_start_argv,
-    model_from_argv,
-    parse_systemctl_show,
-)
-
-VERSION_SNIPPET = "import importlib.metadata as m; print(m.version('vllm'))"
-
-
-NO_UNIT = {"loaded": False, "active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0,
-           "fragment_path": None, "unit_file_state": None, "model": None}
-
-
-def unit_facts(module, unit):
-    systemctl = module.get_bin_path("systemctl")
-    if not systemctl:
-        return dict(NO_UNIT, reason="systemctl not found")
-    rc, out, err = module.run_command(
-        [systemctl, "show", "--property=LoadState,ActiveState,SubState,MainPID,NRestarts,"
-         "FragmentPath,ExecStart,ControlGroup,UnitFileState", "--", unit],
-        environ_update={"LANG": "C", "LC_ALL": "C"})
-    if rc != 0:
-        # systemd is not running (a container without it, a build host): no unit can be loaded
-        return dict(NO_UNIT, reason=(err or out).strip()[:300])
-    show = parse_systemctl_show(out)
-    loaded = show.get("LoadState") == "loaded"
-    return {
-        "loaded": loaded,
-        "active_state": show.get("ActiveState"),
-        "sub_state": show.get("SubState"),
-        "main_pid": int(show.get("MainPID") or 0),
-        "n_restarts": int(show.get("NRestarts") or 0) if (show.get("NRestarts") or "0").isdigit() else 0,
-        "fragment_path": show.get("FragmentPath") or None,
-        "unit_file_state": show.get("UnitFileState") or None,
-        "model": model_from_argv(exec_start_argv(show.get("ExecStart", ""))) if loaded else None,
-    }
-
-
-def vllm_facts(module, venv, binary):
-    binary = binary or os.path.join(venv, "bin", "vllm")
-    python = os.path.join(venv or os.path.dirname(binary).rsplit("/bin", 1)[0], "bin", "python")
-    out = {"binary": binary, "exists": os.path.isfile(binary) and os.access(binary, os.X_OK),
-           "python": python, "version": None}
-    if os.path.isfile(python) and os.access(python, os.X_OK):
-        rc, stdout, _err = module.run_command([python, "-c", VERSION_SNIPPET],
-                                              environ_update={"LANG": "C", "LC_ALL": "C"})
-        if rc == 0 and stdout.strip():
-            out["version"] = stdout.strip().splitlines()[-1]
-    return out
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
 
 
 def main():
@@ -265,32 +213,10 @@ def main():
         ),
         supports_check_mode=True,
     )
-    p = module.params
-    why = deployment_record.facts_options_problem(p["unit"], p["replaces"], p["port"],
-                                                  p["model"]["repo_id"] if p["model"] else None)
-    if why:
-        module.fail_json(msg="vllm_service_facts: %s" % why)
     try:
-        record = deployment_record.read(p["record_path"])
-    except deployment_record.RecordError as exc:
-        module.fail_json(msg="vllm_service_facts: %s" % exc)
-    result = {"changed": False, "record": record, "deployment": deployment_record.current(record),
-              "previous": deployment_record.previous(record), "unit": unit_facts(module, p["unit"]),
-              "replaces": [dict(unit_facts(module, name), unit=name) for name in p["replaces"]],
-              "files": {path: os.path.exists(path) for path in p["paths"]}}
-    if p["port"] is not None:
-        listeners = vllm_ready.port_listeners(p["port"])
-        for entry in listeners:
-            entry["text"] = vllm_ready.describe_listener(entry)
-        result["port"] = {"port": p["port"], "listeners": listeners,
-                          "foreign": vllm_ready.foreign_listeners(listeners, p["unit"], p["replaces"])}
-    if p["model"]:
-        m = p["model"]
-        result["snapshot"] = snapshot_check.check(
-            m["name"], m["repo_id"], m["revision"], record=record, cache_dir=p["cache_dir"],
-            path=p["snapshot_path"], mode=p["verification"])
-    if p["venv"] or p["binary"]:
-        result["vllm"] = vllm_facts(module, p["venv"], p["binary"])
+        result = vllm_service_facts.gather(module.params, HostCommands.of(module))
+    except vllm_service_facts.FactsError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(**result)
 
 
