@@ -268,100 +268,70 @@ timings:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan as dp
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
-from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_context import (
-    STORE_ARGS,
-    StoreError,
-    fs_info,
-    host_state,
-    scan,
-    store_fs_path,
-)
 
 ACTION = "disk_plan"
 
-
-def orphan_in_use(store):
-    """in_use(orphan) for dp.orphan_table: a lock of its repo is held, or its blob's lock is not free."""
-    busy_by_repo = {}
-
-    def in_use(orphan):
-        lock_dir = store_locks.lock_dir(store.cache_dir, orphan.folder)
-        if orphan.folder not in busy_by_repo:
-            busy_by_repo[orphan.folder] = store_locks.busy_locks(lock_dir)
-        return bool(busy_by_repo[orphan.folder]) or store_locks.probe(lock_dir + "/" + orphan.etag + ".lock") is not False
-    return in_use
+ARGUMENT_SPEC = dict(
+    store_context.STORE_ARGS,
+    target_bytes=dict(type="int"),
+    endpoint=dict(type="str"),
+    token=dict(type="str", no_log=True),
+    http_endpoint_trusted=dict(type="bool", default=False),
+    headroom=dict(type="str", default="5%"),
+    candidates=dict(type="list", elements="str"),
+    clean_orphans=dict(type="bool", default=True),
+    download_rate=dict(type="str"),
+    fail_on_does_not_fit=dict(type="bool", default=False),
+    allow_missing_store=dict(type="bool", default=False),
+)
 
 
 def main():
-    argument_spec = dict(STORE_ARGS)
-    argument_spec.update(
-        target_bytes=dict(type="int"),
-        endpoint=dict(type="str"),
-        token=dict(type="str", no_log=True),
-        http_endpoint_trusted=dict(type="bool", default=False),
-        headroom=dict(type="str", default="5%"),
-        candidates=dict(type="list", elements="str"),
-        clean_orphans=dict(type="bool", default=True),
-        download_rate=dict(type="str"),
-        fail_on_does_not_fit=dict(type="bool", default=False),
-        allow_missing_store=dict(type="bool", default=False),
-    )
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
                            required_one_of=[("cache_dir", "models_dir"), ("target", "target_bytes")])
     p = module.params
     timings = {}
-
-    def fail(msg, **extra):
-        module.fail_json(msg="%s: %s" % (ACTION, msg), **extra)
-
     if p["target_bytes"] is not None and p["target_bytes"] < 0:
-        fail("target_bytes %d is negative: give the bytes the target needs (0 or more)" % p["target_bytes"])
+        module.fail_json(msg="%s: target_bytes %d is negative: give the bytes the target needs (0 or more)"
+                             % (ACTION, p["target_bytes"]))
     try:
-        # read: the options, the store, its file system, the target's files
-        rate = dp.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
-        store, timings["scan_s"] = scan(p, ACTION)
-        fs = fs_info(store_fs_path(p, store))
-        headroom = dp.parse_headroom(p["headroom"], fs["total_bytes"])
-        entry = dp.catalog_entry(p["models"], p["target"], "target") if p["target"] else None
+        # read: the options, the store, its file system, the target's files, what the host serves
+        rate = disk_plan.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
+        store, timings["scan_s"] = store_context.scan(p, ACTION)
+        fs = store_context.fs_info(store_context.store_fs_path(p, store))
+        headroom = disk_plan.parse_headroom(p["headroom"], fs["total_bytes"])
+        entry = disk_plan.catalog_entry(p["models"], p["target"], "target") if p["target"] else None
         started = time.monotonic()
-        listed = None
-        if p["target_bytes"] is None:
-            listed = dp.list_target(
-                entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=p["endpoint"],
-                token=p["token"], allow_patterns=entry["allow_patterns"],
-                ignore_patterns=entry["ignore_patterns"], http_endpoint_trusted=p["http_endpoint_trusted"])
-        target = dp.plan_target(entry, p["target"], p["target_bytes"], listed)
-        if listed is not None:
-            target.update(dp.target_needs(store, entry["repo_id"], listed["commit"], listed["files"],
-                                          fs["block_size"]))
+        target, listed = disk_plan.read_target(
+            store, entry, name=p["target"], target_bytes=p["target_bytes"], block_size=fs["block_size"],
+            endpoint=p["endpoint"], token=p["token"], http_endpoint_trusted=p["http_endpoint_trusted"])
         timings["hub_s"] = time.monotonic() - started
         started = time.monotonic()
-        state = host_state(p, store, ACTION, HostCommands.of(module), target_commit=target.get("commit") or "")
+        state = store_context.host_state(p, store, ACTION, HostCommands.of(module),
+                                         target_commit=target.get("commit") or "")
         for warning in state["warnings"]:
             module.warn(warning)
         # plan
-        result = dp.disk_plan(
+        result = disk_plan.disk_plan(
             store, fs, state, target=target, listed_files=listed["files"] if listed else [],
             candidates=p["candidates"], models=p["models"], headroom_bytes=headroom, download_rate=rate,
             clean_orphans=p["clean_orphans"], allow_served_purge=p["allow_served_purge"],
-            orphan_in_use=orphan_in_use(store))
-    except StoreError as exc:
+            orphan_in_use=disk_plan.orphan_in_use(store))
+    except store_context.StoreError as exc:
         module.fail_json(msg=str(exc))
-    except dp.PlanError as exc:
-        fail(str(exc))
+    except disk_plan.PlanError as exc:
+        module.fail_json(msg="%s: %s" % (ACTION, exc))
     timings["plan_s"] = time.monotonic() - started
     result["timings"] = {k: round(v, 4) for k, v in timings.items()}
     # result
-    for repo in store.repos.values():
-        for problem in repo.problems[:3]:
-            module.warn("disk_plan: cache repo %s: %s" % (repo.repo_id, problem))
+    for warning in disk_plan.store_warnings(store):
+        module.warn(warning)
     if p["fail_on_does_not_fit"] and result["verdict"] == "does_not_fit":
         result.pop("changed")
-        module.fail_json(msg="disk_plan: %s does not fit on %s: %s" % (repr(p["target"] or "the target"),
-                                                                       fs["path"], result["reason"]),
+        module.fail_json(msg=disk_plan.does_not_fit_message(p["target"], fs["path"], result["reason"]),
                          changed=False, **result)
     module.exit_json(**result)
 

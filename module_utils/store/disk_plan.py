@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     DeletionSimulator,
@@ -754,6 +755,22 @@ def plan_target(entry, name, target_bytes, listed) -> dict:
     return target
 
 
+def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=None, token=None,
+                http_endpoint_trusted: bool = False) -> tuple:
+    """(target, listed): the target as disk_plan reports it (plan_target plus target_needs) and
+    its listing (list_target's; None when ``target_bytes`` says what it needs)."""
+    listed = None
+    if target_bytes is None:
+        listed = list_target(
+            entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=endpoint,
+            token=token, allow_patterns=entry["allow_patterns"], ignore_patterns=entry["ignore_patterns"],
+            http_endpoint_trusted=http_endpoint_trusted)
+    target = plan_target(entry, name, target_bytes, listed)
+    if listed is not None:
+        target.update(target_needs(store, entry["repo_id"], listed["commit"], listed["files"], block_size))
+    return target, listed
+
+
 def chosen_candidates(store, texts, *, models, protections, served_items, allow_served_purge: bool,
                       reuse, device, target_name) -> list:
     """The operator's candidates as store items, each checked; PlanError naming the first bad one."""
@@ -796,6 +813,31 @@ def orphan_table(store, device, in_use) -> tuple:
         if not busy and item_device(store, Item("repo", folder=orphan.folder)) == device:
             reclaimable.append(orphan)
     return rows, reclaimable
+
+
+def orphan_in_use(store):
+    """in_use(orphan) for orphan_table: a lock of its repo is held, or its blob's lock is not free
+    (each repo's locks probed once)."""
+    busy_by_repo = {}
+
+    def in_use(orphan):
+        lock_dir = store_locks.lock_dir(store.cache_dir, orphan.folder)
+        if orphan.folder not in busy_by_repo:
+            busy_by_repo[orphan.folder] = store_locks.busy_locks(lock_dir)
+        return (bool(busy_by_repo[orphan.folder])
+                or store_locks.probe(lock_dir + "/" + orphan.etag + ".lock") is not False)
+    return in_use
+
+
+def store_warnings(store) -> list:
+    """What disk_plan warns about the scanned store: up to three problems of each damaged repo."""
+    return ["disk_plan: cache repo %s: %s" % (repo.repo_id, problem)
+            for repo in store.repos.values() for problem in repo.problems[:3]]
+
+
+def does_not_fit_message(target_name, fs_path: str, reason: str) -> str:
+    """fail_on_does_not_fit's failure."""
+    return "disk_plan: %s does not fit on %s: %s" % (repr(target_name or "the target"), fs_path, reason)
 
 
 def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candidates, models,

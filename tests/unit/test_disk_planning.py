@@ -304,3 +304,34 @@ def test_branch_revision_protected_through_the_cached_ref(store):
     assert p.commit == V2
     unresolved = disk_plan.protect_model(store, "org/old", "dev", "keep", "kept")
     assert unresolved.commit == ""   # every revision: the branch cannot be pinned from the cache
+
+
+# ------------------------------------------------------------------ what the module shell calls
+def test_read_target_with_explicit_bytes_asks_no_hub(tmp_path):
+    store = model_store.scan_store("", "")
+    entry = {"repo_id": "org/new", "revision": "b" * 40, "allow_patterns": None, "ignore_patterns": None}
+    target, listed = disk_plan.read_target(store, entry, name="t", target_bytes=1000, block_size=4096,
+                                           endpoint="http://127.0.0.1:9")
+    assert listed is None
+    assert target["source"] == "explicit" and target["needed_bytes"] == 1000 and target["commit"] == "b" * 40
+
+
+def test_store_warnings_and_the_does_not_fit_message(tmp_path):
+    cache = tmp_path / "hub"
+    sc.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
+    os.symlink("../../blobs/" + "0" * 64, cache / sc.folder_for("org/one") / "snapshots" / ("a" * 40) / "gone.bin")
+    store = model_store.scan_store(str(cache), "")
+    warnings = disk_plan.store_warnings(store)
+    assert len(warnings) == 1 and warnings[0].startswith("disk_plan: cache repo org/one: ") and "broken" in warnings[0]
+    assert (disk_plan.does_not_fit_message(None, "/data", "needs more") ==
+            "disk_plan: 'the target' does not fit on /data: needs more")
+    assert disk_plan.does_not_fit_message("t", "/data", "x") == "disk_plan: 't' does not fit on /data: x"
+
+
+def test_orphan_in_use_only_while_a_lock_is_held(tmp_path):
+    cache = tmp_path / "hub"
+    sc.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
+    sc.add_orphan(cache, "org/one", "e" * 64, 100)
+    store = model_store.scan_store(str(cache), "")
+    (orphan,) = store.orphans
+    assert disk_plan.orphan_in_use(store)(orphan) is False
