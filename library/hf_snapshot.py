@@ -371,63 +371,13 @@ cause:
   type: str
 """
 
-import os
 import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import Progress, human_bytes
-
-ACTION = "hf_snapshot"
-
-
-def manifest_lines(manifest, wanted=None) -> str:
-    if not manifest:
-        return ""
-    files = manifest["files"]
-    names = sorted(wanted) if wanted is not None else sorted(files)
-    lines = ["%s@%s verify=%s" % (manifest["repo_id"], manifest["commit"], manifest["verify"])]
-    for name in names:
-        rec = files.get(name)
-        if rec:
-            lines.append("%s %d %s:%s" % (name, int(rec["size"]), rec.get("algo"), (rec.get("digest") or "")[:16]))
-    return "\n".join(lines) + "\n"
-
-
-def planned_lines(job, plan) -> str:
-    lines = ["%s@%s verify=%s" % (job.repo_id, job.commit, job.o["verify"])]
-    for name in sorted(job.wanted):
-        algo, digest = hf_verify.expected_digest(job.wanted[name])
-        lines.append("%s %d %s:%s" % (name, int(job.wanted[name]["size"]), algo, digest[:16]))
-    return "\n".join(lines) + "\n"
-
-
-def reverify_confirmed(job, out: dict, before, mode: str) -> bool:
-    """A re-verification that found every file as the manifest says: keep the manifest as it is."""
-    return (job.o["reverify"] and before is not None and before.get("verify") == mode
-            and not out["files_downloaded"] and not out["refetched"] and not job.stale_files())
-
-
-def summary_line(r: dict, check_mode: bool) -> str:
-    """One line for humans (the model_fetch role prints it per host)."""
-    head = "%s@%s: %d files, %s" % (r["repo_id"], r["commit"], r["files"], human_bytes(r["bytes_total"]))
-    v = r.get("verification") or {}
-    if check_mode:
-        wf = r["would_fetch"]
-        if not wf["files"] and not wf["verify"]:
-            return "%s; verified %s (manifest), nothing to do" % (head, v.get("mode"))
-        return "%s; would fetch %d files (%s) and verify %d present ones (check mode)" % (
-            head, len(wf["files"]), human_bytes(wf["bytes"]), len(wf["verify"]))
-    if v.get("source") == "manifest":
-        return "%s; verified %s at %s, nothing to do; %s" % (head, v.get("mode"), v.get("verified_at"),
-                                                             r["snapshot_path"])
-    return "%s; downloaded %d files (%s) in %.1f s (%s MB/s); verified %s (%d files%s); %s" % (
-        head, r["files_downloaded"], human_bytes(r["bytes_downloaded"]), r["seconds"], r["mb_per_s"],
-        v.get("mode"), v.get("files", 0),
-        ", %d fetched again" % len(v["refetched"]) if v.get("refetched") else "", r["snapshot_path"])
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_result
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_result import ACTION
 
 
 def main():
@@ -467,16 +417,13 @@ def main():
     started = time.monotonic()
     base = {"repo_id": p["repo_id"], "revision": p["revision"]}
 
-    def fail(msg, cause="error", **extra):
-        module.fail_json(msg="%s: %s" % (ACTION, msg), cause=cause, changed=False,
-                         seconds=round(time.monotonic() - started, 3), **dict(base, **extra))
+    def fail(failure):
+        module.fail_json(msg="%s: %s" % (ACTION, failure.msg), cause=failure.cause, changed=False,
+                         seconds=round(time.monotonic() - started, 3), **dict(base, **failure.extra))
 
-    for key, low in (("workers", 1), ("verify_workers", 0), ("retries", 0), ("timeout", 1),
-                     ("lock_timeout", 0)):
-        if p[key] < low:
-            fail("%s must be %d or more, not %d" % (key, low, p[key]), "bad_option")
-    if p["retry_delay"] < 0 or p["progress_interval"] <= 0:
-        fail("retry_delay must be >= 0 and progress_interval > 0", "bad_option")
+    problem = hf_snapshot_result.options_problem(p)
+    if problem:
+        fail(hf_snapshot_result.Failed(problem, "bad_option"))
     if not hf_snapshot.HAS_HF:
         reason = ("to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
                   "to the vLLM virtualenv's python)" % p["repo_id"])
@@ -487,140 +434,14 @@ def main():
     except Exception as exc:  # a broken install is as good as none
         module.fail_json(msg=missing_required_lib("huggingface_hub", reason="it failed to import: %s" % exc),
                          exception=traceback.format_exc(), cause="missing_library", **base)
-
-    progress = None
-    if not module.check_mode:   # counters always; the file only with progress_file
-        progress = Progress(p["progress_file"] or "", run_id=p["progress_id"], interval=p["progress_interval"])
-        progress.set(repo_id=p["repo_id"], revision=p["revision"])
-        try:
-            progress.start()
-        except OSError as exc:
-            fail("cannot write the progress file %s: %s; fix progress_file" % (p["progress_file"], exc.strerror),
-                 "not_writable")
-
-    job = hf_snapshot.job_for(p, hf, progress)
-
-    def failed(exc):
-        partial = getattr(exc, "partial", None) or {}
-        extra = {"commit": job.commit, "library_messages": job.library_log.lines[-30:]}
-        if partial:
-            extra.update(files_downloaded=partial.get("files_downloaded", 0),
-                         bytes_downloaded=partial.get("bytes_downloaded", 0),
-                         bytes_received=partial.get("bytes_received", 0),
-                         kept_blobs=partial.get("kept_blobs", []),
-                         refetched=partial.get("refetched", []),
-                         verify_failures=partial.get("verify_failures", []),
-                         orphans_removed=partial.get("orphans_removed", []))
-        msg = str(exc)
-        if p["token"]:
-            msg = msg.replace(p["token"], "********")
-        if progress is not None:
-            progress.finish("failed", msg)
-        fail(msg, exc.cause, **extra)
-
     try:
-        job.setup()
-        if progress is not None:
-            progress.set(commit=None)
-        plan = job.plan()
-        if progress is not None:
-            progress.set(commit=job.commit)
-    except hf_snapshot.FetchError as exc:
-        failed(exc)
-
-    layout = job.layout
-    wanted = job.wanted
-    result = dict(base, commit=job.commit, snapshot_path=layout.snapshot(job.commit), layout=layout.kind,
-                  files=len(wanted), bytes_total=sum(int(e["size"]) for e in wanted.values()),
-                  files_downloaded=0, bytes_downloaded=0, bytes_received=0, kept_blobs=[],
-                  manifest=job.manifest_file, orphans_removed=[],
-                  listing_source=job.listing_source, resolved_by=job.resolved_by)
-    before_manifest = job.manifest
-    changed = not plan["noop"]
-
-    if module.check_mode:
-        try:
-            result.update(job.preview(plan))
-        except hf_snapshot.FetchError as exc:
-            failed(exc)
-        if changed and module._diff:
-            result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
-                              "before": manifest_lines(before_manifest, wanted), "after": planned_lines(job, plan)}
-    elif plan["noop"]:
-        result["verification"] = {"mode": before_manifest["verify"], "ok": True, "source": "manifest",
-                                  "files": 0, "hashed_bytes": 0, "seconds": 0.0, "workers": 0, "refetched": [],
-                                  "verified_at": before_manifest["verified_at"]}
-    else:
-        if p["offline"] and plan["fetch"]:
-            failed(hf_snapshot.FetchError(
-                "offline: %d files of %s@%s are missing or bad under %s (e.g. %s) and must be downloaded; run "
-                "with network access" % (len(plan["fetch"]), p["repo_id"], job.commit[:12], layout.root,
-                                         plan["fetch"][0]), "offline"))
-        try:
-            out = job.execute(plan)
-            if out.get("noop"):    # another run completed it while this one waited for the lock
-                manifest, changed = job.manifest, False
-            elif reverify_confirmed(job, out, before_manifest, p["verify"]):
-                manifest, changed = before_manifest, bool(out["orphans_removed"])
-            else:
-                manifest = job.write_manifest(out["verified"])
-        except hf_snapshot.FetchError as exc:
-            failed(exc)
-        except OSError as exc:
-            failed(job._fail(exc, "writing the snapshot of %s" % p["repo_id"]))
-        result.update(files_downloaded=out["files_downloaded"], bytes_downloaded=out["bytes_downloaded"],
-                      bytes_received=out.get("bytes_received", 0), kept_blobs=out.get("kept_blobs", []),
-                      orphans_removed=out["orphans_removed"])
-        extra = layout.extra_files(wanted)
-        if extra:
-            result["extra_files"] = extra
-            module.warn("%s: %s holds files that %s@%s does not have (e.g. %s); they were left alone, remove "
-                        "them if they are stale" % (ACTION, layout.root, p["repo_id"], job.commit[:12],
-                                                    ", ".join(extra[:3])))
-        if out["orphans_busy"]:
-            module.warn("%s: %d partial files under %s belong to a download that is still running (their lock "
-                        "is held); left alone" % (ACTION, len(out["orphans_busy"]), layout.root))
-        dl = out["download_seconds"] or 0.0
-        result["mb_per_s"] = round(out["bytes_downloaded"] / dl / 1e6, 1) if dl > 0 else 0.0
-        vs = out["verify_seconds"]
-        result["verification"] = {
-            "mode": manifest["verify"], "ok": True, "source": "manifest" if out.get("noop") else "this run",
-            "files": len(out["verified"]),
-            "hashed_bytes": out["hashed_bytes"], "seconds": round(vs, 3),
-            "gb_per_s": round(out["hashed_bytes"] / vs / 1e9, 3) if vs > 0 and out["hashed_bytes"] else None,
-            "workers": p["verify_workers"] or hf_verify.default_workers(), "refetched": out["refetched"],
-            "verified_at": manifest["verified_at"]}
-        if changed and module._diff:
-            result["diff"] = {"before_header": job.manifest_file, "after_header": job.manifest_file,
-                              "before": manifest_lines(before_manifest, wanted), "after": manifest_lines(manifest)}
-
-    if p["record"]:
-        try:
-            if result.get("verification", {}).get("verified_at") is None:
-                rec_changed, before, after = True, None, None
-            else:
-                entry = hf_manifest.fetched_entry(result)
-                if module.check_mode:
-                    rec_changed, before, after = hf_manifest.plan_record(p["record"], p["record_name"], entry)
-                else:
-                    before = None
-                    rec_changed = hf_manifest.update_record(p["record"], p["record_name"], entry)
-                    after = entry
-        except (hf_manifest.ManifestError, OSError) as exc:
-            if progress is not None:
-                progress.finish("failed", str(exc))
-            fail("the download succeeded but recording it failed: %s" % exc, "record", commit=job.commit,
-                 snapshot_path=result["snapshot_path"])
-        result["record"] = {"path": p["record"], "name": p["record_name"], "changed": rec_changed, "entry": after}
-        changed = changed or rec_changed
-    result.setdefault("mb_per_s", 0.0)
-    result["seconds"] = round(time.monotonic() - started, 3)
-    result["summary"] = summary_line(result, module.check_mode)
-    result["library_messages"] = job.library_log.lines[-30:]
-    result["timings"] = {k: round(v, 3) for k, v in job.timings.items()}
-    result["requests_made"] = job.requests_made
-    if progress is not None:
-        progress.finish("done")
+        # counters always; the file only with progress_file; neither in check mode
+        progress = None if module.check_mode else hf_snapshot_result.start_progress(p)
+        job = hf_snapshot.job_for(p, hf, progress)
+        changed, result = hf_snapshot_result.run(job, p, progress, check_mode=module.check_mode,
+                                                 diff=module._diff, warn=module.warn, started=started)
+    except hf_snapshot_result.Failed as failure:
+        fail(failure)
     module.exit_json(changed=changed, **result)
 
 
