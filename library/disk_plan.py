@@ -30,6 +30,7 @@ description:
   - The cache scan is a single C(os.scandir) walk, several times faster than
     C(huggingface_hub.scan_cache_dir) on big caches (see tests/bench/bench_disk_plan.py).
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
   - modelswap.vllm.store
 options:
@@ -104,15 +105,6 @@ options:
         is not planned as an empty store.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 on the host, only to list the target's files on the Hub (not needed with
     O(target_bytes) or when the cache already holds the pinned revision's tree listing).

@@ -40,6 +40,7 @@ description:
     symlinks resolved, and never removes a blob that another snapshot links to or that another commit's
     verified manifest lists.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
 options:
   repo_id:
@@ -180,9 +181,6 @@ attributes:
     description: Supports being used with the C(async) keyword.
     support: full
     details: Meant to run with C(async) and C(poll=0) for long downloads, polled with hf_snapshot_progress.
-  platform:
-    support: full
-    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 (2.x tested) in the Python that runs the module, on the managed host.
 notes:

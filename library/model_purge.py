@@ -35,6 +35,7 @@ description:
     contents. A real run reports the bytes actually freed, measured on the file system
     (C(statvfs)); a second run reports C(changed=false).
 extends_documentation_fragment:
+  - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
   - modelswap.vllm.store
 options:
@@ -87,9 +88,6 @@ attributes:
   diff_mode:
     support: full
     details: Before and after listings of the store (one line per revision, directory, partial file).
-  platform:
-    support: full
-    platforms: posix
 requirements:
   - huggingface_hub >= 1.0 on the host when Hugging Face cache items are deleted.
 notes:

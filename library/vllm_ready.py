@@ -26,6 +26,7 @@ description:
   - With O(state=stopped), waits until no process of O(unit) is left and nothing listens on the
     port, so a new server can start without sharing the port or memory with the old one.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
 options:
   state:
@@ -140,11 +141,6 @@ attributes:
     support: full
     details:
       - Probing changes nothing; the module runs the same in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 notes:
   - Run it on the serving host (as root to see other users' sockets and processes).
   - The API key never appears in the result; the journal lines are returned as the unit logged

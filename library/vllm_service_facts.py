@@ -23,6 +23,7 @@ description:
   - Role-private in spirit (the C(vllm_service) role's validate step) but usable alone, e.g. by a
     status playbook.
 extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
 options:
   unit:
@@ -95,16 +96,6 @@ options:
     type: list
     elements: path
     default: []
-attributes:
-  check_mode:
-    support: full
-    details:
-      - Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-  platform:
-    support: full
-    platforms: posix
 notes:
   - Run it as root to see every process's sockets and cgroup.
 seealso:
