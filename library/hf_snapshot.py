@@ -373,6 +373,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_result
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_result import ACTION
@@ -382,7 +383,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             repo_id=dict(type="str", required=True),
-            revision=dict(type="str", default="main"),
+            revision=dict(type="str", default=DEFAULT_REVISION),
             resolved_commit=dict(type="str"),
             cache_dir=dict(type="path"),
             local_dir=dict(type="path"),

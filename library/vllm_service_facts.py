@@ -179,6 +179,7 @@ vllm:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
 
@@ -193,7 +194,7 @@ def main():
             model=dict(type="dict", options=dict(
                 name=dict(type="str", required=True),
                 repo_id=dict(type="str", required=True),
-                revision=dict(type="str", default="main"),
+                revision=dict(type="str", default=DEFAULT_REVISION),
             )),
             snapshot_path=dict(type="path"),
             cache_dir=dict(type="path"),

@@ -35,6 +35,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest as mf
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify as hv
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
@@ -574,7 +575,7 @@ def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit:
 # the job
 # --------------------------------------------------------------------------------------------
 DEFAULTS = dict(
-    revision="main", cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
+    revision=DEFAULT_REVISION, cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
     use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
     progress=None, http_endpoint_trusted=False, resolved_commit=None,
@@ -590,7 +591,7 @@ class SnapshotJob:
             raise TypeError("unknown options: %s" % ", ".join(sorted(unknown)))
         self.o = dict(DEFAULTS, **opts)
         self.repo_id = repo_id
-        self.revision = self.o["revision"] or "main"
+        self.revision = self.o["revision"] or DEFAULT_REVISION
         self.hf = hf
         self.progress = self.o["progress"]
         self.token = self.o["token"] or None

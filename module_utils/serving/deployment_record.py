@@ -29,6 +29,7 @@ import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_copy, atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
+    COMMIT_RE,
     StoreError,
     validate_repo_id,
 )
@@ -40,7 +41,6 @@ REQUIRED_KEYS = ("model", "path", "served_model_name", "unit")
 OWN_KEYS = DEPLOYMENT_KEYS + ("when", "previous", "schema")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\Z")   # systemd's unit name characters
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 class RecordError(Exception):
@@ -73,7 +73,7 @@ def normalize(deployment) -> dict:
     if not _UNIT_RE.match(out["unit"]):
         raise RecordError("deployment unit %r is not a systemd unit name (letters, digits, ':', '_', "
                           "'.', '@', '-', '\\'), e.g. 'vllm.service'" % out["unit"])
-    if out["commit"] and not _COMMIT_RE.match(out["commit"]):
+    if out["commit"] and not COMMIT_RE.match(out["commit"]):
         raise RecordError("deployment commit %r is not a 40-hex commit hash; pass the resolved commit "
                           "(or leave it empty for a plain model folder)" % out["commit"])
     if out["repo_id"]:

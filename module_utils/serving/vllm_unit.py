@@ -22,8 +22,8 @@ Rules of the argv rendering (documented in roles/vllm_service/README.md):
   dashes (``--api_key``), and unambiguous abbreviations (argparse's ``allow_abbrev``:
   ``--api-k`` is ``--api-key``).
 
-Every value that reaches the unit file is checked here too (``catalog_entry_problems``,
-``unit_problems``): names and paths are restricted to safe characters with full-string rules, so
+Every value of the role's settings that reaches the unit file is checked here too
+(``unit_problems``; a catalog entry's values: module_utils/common/catalog.py): names and paths are restricted to safe characters with full-string rules, so
 no newline, ``%`` specifier or quote can add a directive to the unit or a line to an
 environment file.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
 # Arguments rendered first, in this order (the example fleet's flags and the common ones).
 ORDER = (
@@ -61,14 +60,6 @@ RESERVED = {
 # The full-string rules (re.fullmatch, or \Z: "$" also matches before a trailing newline).
 KEY_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# A catalog key (vllm_service_model, modelswap_serve): the unit's comment and file names.
-CATALOG_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@-]{0,127}\Z")
-# A served model name (--served-model-name, the unit's Description=): vLLM takes any string;
-# these characters cover names like "kimi-k2.5", "org/Model-7B", "llama3:8b".
-SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,255}\Z")
-# A branch, tag or commit (hf_snapshot resolves it; it lands in the deployment record).
-REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}\Z")
-COMMIT_RE = re.compile(r"[0-9a-f]{40}\Z")
 PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
 
@@ -323,41 +314,6 @@ PATH_RE = re.compile(r"/(?:[A-Za-z0-9._@+-]+/?)*\Z")
 HOST_RE = re.compile(r"[A-Za-z0-9._:-]+\Z")
 OPTION_RE = re.compile(r"[A-Z][A-Za-z]*\Z")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def catalog_entry_problems(name, entry) -> list:
-    """What makes a catalog entry unusable, one sentence each (empty: usable). Checks every value
-    of the entry that reaches the unit file or the command line: the name (the unit's comment),
-    repo_id (Hub rules: ``gpt2`` and ``org/name`` with ``.``, ``-``, ``_``), revision,
-    served_model_name (``Description=`` and ``--served-model-name``) and vllm_args (rendered
-    once, so a reserved flag in any spelling is named here)."""
-    problems = []
-    if not isinstance(name, str) or not CATALOG_NAME_RE.match(name):
-        problems.append("the catalog name %r is not usable: use 1-128 letters, digits and "
-                        "'.', '_', '+', ':', '@', '-' (starting with a letter or digit); it is "
-                        "written into the unit file" % (name,))
-    if not isinstance(entry, dict):
-        problems.append("the entry must be a mapping with repo_id, revision, served_model_name "
-                        "and vllm_args, got %s" % type(entry).__name__)
-        return problems
-    try:
-        model_store.validate_repo_id(entry.get("repo_id"))
-    except model_store.StoreError as exc:
-        problems.append(str(exc))
-    revision = entry.get("revision", "main")
-    if not isinstance(revision, str) or not REVISION_RE.match(revision) or ".." in revision:
-        problems.append("revision %r is not a commit, branch or tag name (letters, digits, "
-                        "'.', '_', '/', '-'; no '..')" % (revision,))
-    served = entry.get("served_model_name")
-    if served not in (None, "") and (not isinstance(served, str) or not SERVED_NAME_RE.match(served)):
-        problems.append("served_model_name %r is not usable: use 1-256 letters, digits and "
-                        "'.', '_', '+', ':', '@', '/', '-' (starting with a letter or digit); "
-                        "it is written into the unit file" % (served,))
-    try:
-        vllm_args_argv(entry.get("vllm_args"))
-    except ArgsError as exc:
-        problems.append(str(exc))
-    return problems
 
 
 def unit_problems(settings) -> list:

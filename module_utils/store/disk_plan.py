@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
@@ -104,7 +105,7 @@ def catalog_entry(models, name: str, role: str) -> dict:
     return {
         "name": name,
         "repo_id": entry["repo_id"],
-        "revision": str(entry.get("revision") or "main"),
+        "revision": str(entry.get("revision") or DEFAULT_REVISION),
         "allow_patterns": list(entry.get("allow_patterns") or []) or None,
         "ignore_patterns": list(entry.get("ignore_patterns") or []) or None,
     }
@@ -322,7 +323,7 @@ def catalog_names(models, repo_id: str, commits, repo=None) -> list:
     for name, entry in models.items():
         if not isinstance(entry, dict) or entry.get("repo_id") != repo_id:
             continue
-        rev = str(entry.get("revision") or "main")
+        rev = str(entry.get("revision") or DEFAULT_REVISION)
         commit = repo.commit_for(rev) if repo is not None else (rev if COMMIT_RE.match(rev) else None)
         if commit in commits:
             out.append(name)

@@ -26,16 +26,14 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
 
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space", "kernels": "kernel"}
 FOLDER_PREFIX = {v: k for k, v in REPO_TYPES.items()}
-# \Z, not $: "$" also matches before a trailing newline ("org/name\n" would pass)
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}\Z")
+# The catalog owns the commit and repo id rules.
+COMMIT_RE = catalog.COMMIT_RE
 XET_HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
-# huggingface_hub's REPO_ID_REGEX plus its extra rules (no "--" or "..", no ".git" suffix).
-_REPO_NAME = r"(?!-)(?!\.)[A-Za-z0-9_.\-]{1,96}(?<!-)(?<!\.)"
-REPO_ID_RE = re.compile(r"^(?:%s/)?%s\Z" % (_REPO_NAME, _REPO_NAME))
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 SHARED_STORE_MARKER = ".huggingface-shared-blobs"
 
@@ -48,15 +46,9 @@ class StoreError(Exception):
 
 def validate_repo_id(repo_id) -> str:
     """Return ``repo_id`` if it is a valid Hub repo id, else raise StoreError saying why."""
-    if not isinstance(repo_id, str) or not repo_id:
-        raise StoreError("repo id %r is not a non-empty string" % (repo_id,))
-    if repo_id.count("/") > 1 or not REPO_ID_RE.match(repo_id):
-        raise StoreError(
-            "repo id %r is malformed: use 'name' or 'namespace/name' with letters, digits, '-', '_', "
-            "'.' (at most 96 each, not starting or ending with '-' or '.')" % repo_id)
-    if "--" in repo_id or ".." in repo_id or repo_id.endswith(".git"):
-        raise StoreError("repo id %r is malformed: it may not contain '--' or '..' nor end in '.git'"
-                         % repo_id)
+    problem = catalog.repo_id_problem(repo_id)
+    if problem:
+        raise StoreError(problem)
     return repo_id
 
 

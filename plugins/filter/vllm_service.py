@@ -28,11 +28,6 @@ def vllm_serve_argv(vllm_args, vllm_bin, model_path, served_model_name, host, po
                                 middleware=middleware)
 
 
-def vllm_catalog_problems(entry, name):
-    """Why a catalog entry cannot be served (a list of sentences; empty: it can)."""
-    return vllm_unit.catalog_entry_problems(name, entry)
-
-
 def vllm_unit_problems(settings):
     """Why the role's settings cannot be written into the unit (a list; empty: they can)."""
     return vllm_unit.unit_problems(settings)
@@ -83,7 +78,6 @@ class FilterModule:
             "merge_env": _wrap(merge_env),
             "vllm_argv_settings": _wrap(vllm_argv_settings),
             "vllm_units_to_replace": _wrap(vllm_units_to_replace),
-            "vllm_catalog_problems": _wrap(vllm_catalog_problems),
             "vllm_unit_problems": _wrap(vllm_unit_problems),
             "vllm_guard_env": _wrap(vllm_guard_env),
         }

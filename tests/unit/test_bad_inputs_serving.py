@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.filter.catalog import FilterModule as CatalogFilters
 from ansible_collections.modelswap.vllm.plugins.filter.vllm_service import FilterModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store, snapshot_check
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
@@ -29,7 +31,7 @@ SAFE_UNIT = {"unit": "vllm.service", "replaces": [], "user": "vllm", "group": "v
              "hardening": {"ProtectSystem": "strict", "CapabilityBoundingSet": ""},
              "env": {"HF_HUB_OFFLINE": "1"}, "guard": True, "guard_dir": "/opt/modelswap/lib/python",
              "open_routes": ["/health", "/ping", "/metrics", "/version"]}
-FILTERS = FilterModule().filters()
+FILTERS = dict(FilterModule().filters(), **CatalogFilters().filters())
 
 
 def extra(*words):
@@ -41,7 +43,7 @@ def args(**kw):
 
 
 def entry_problems(entry, name="tiny-a"):
-    return "; ".join(vllm_unit.catalog_entry_problems(name, entry))
+    return "; ".join(catalog.entry_problems(name, entry))
 
 
 def unit_problems(**change):
@@ -158,7 +160,7 @@ def test_bad_input_is_refused_with_a_clear_error(row, tried, message):
 def test_the_filters_refuse_what_the_functions_refuse():
     """The role calls these through its filters; a refused value fails the filter, before any file."""
     from ansible.errors import AnsibleFilterError
-    assert FILTERS["vllm_catalog_problems"](extra("--port=1"), "tiny-a")
+    assert FILTERS["catalog_problems"]({"tiny-a": extra("--port=1")}, "tiny-a")
     assert FILTERS["vllm_unit_problems"](dict(SAFE_UNIT, unit="x.service\n"))
     with pytest.raises(AnsibleFilterError, match="sets --api-key"):
         FILTERS["vllm_serve_argv"](dict(CPU, extra_args=["--api_key=" + MARKER]), "/v/bin/vllm", "/m", "m", "h", 1)
@@ -179,7 +181,7 @@ def test_the_filters_refuse_what_the_functions_refuse():
         "--kv-transfer-config", '{"host": "10.0.0.1", "port": 1}']})),
 ])
 def test_valid_entries_stay_valid(name, entry):
-    assert vllm_unit.catalog_entry_problems(name, entry) == []
+    assert catalog.entry_problems(name, entry) == []
 
 
 def test_valid_unit_settings_stay_valid():
@@ -240,7 +242,7 @@ def test_role_rows_are_refused_by_the_same_functions(row, change, message):
     for var in ("vllm_service_hardening", "vllm_service_open_routes", "vllm_service_unit"):
         if var in change.get("vars", {}):
             settings[var.replace("vllm_service_", "")] = change["vars"][var]
-    found = "; ".join(vllm_unit.catalog_entry_problems(name, entry) + vllm_unit.unit_problems(settings))
+    found = "; ".join(catalog.entry_problems(name, entry) + vllm_unit.unit_problems(settings))
     assert found, row
     assert MARKER not in found
 
@@ -253,4 +255,4 @@ def test_the_example_catalog_passes_the_rules():
     models = yaml.safe_load(path.read_text())["modelswap_models"]
     assert len(models) >= 3
     for name, entry in models.items():
-        assert vllm_unit.catalog_entry_problems(name, entry) == [], name
+        assert catalog.entry_problems(name, entry) == [], name
