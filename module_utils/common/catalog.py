@@ -41,7 +41,10 @@ KEYS = ("repo_id", "revision", "served_model_name", "vllm_args", "allow_patterns
 
 def repo_id_problem(repo_id) -> str:
     """Why ``repo_id`` is not a Hub repo id ('' when it is one): ``gpt2`` and ``org/name``."""
-    if not isinstance(repo_id, str) or not repo_id:
+    if repo_id is None or repo_id == "":
+        return ("the entry has no repo_id: repo id %r is not a non-empty string such as 'gpt2' or "
+                "'namespace/name'" % (repo_id,))
+    if not isinstance(repo_id, str):
         return "repo id %r is not a non-empty string" % (repo_id,)
     if repo_id.count("/") > 1 or not REPO_ID_RE.match(repo_id):
         return ("repo id %r is malformed: use 'name' or 'namespace/name' with letters, digits, "
@@ -54,8 +57,8 @@ def repo_id_problem(repo_id) -> str:
 def revision_problem(revision) -> str:
     """Why ``revision`` is not a commit, branch or tag name ('' when it is one)."""
     if not isinstance(revision, str) or not REVISION_RE.match(revision) or ".." in revision:
-        return ("revision %r is not a commit, branch or tag name (letters, digits, '.', '_', '/', "
-                "'-'; no '..')" % (revision,))
+        return ("revision %r is unusable: the revision must be a commit, branch or tag name "
+                "(letters, digits, '.', '_', '/', '-'; no '..')" % (revision,))
     return ""
 
 

@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
@@ -112,26 +113,11 @@ def catalog_entry(models, name: str, role: str) -> dict:
 
 
 def entry_problems(name: str, entry) -> list:
-    """What is wrong with one catalog entry (empty when valid)."""
+    """What is wrong with one catalog entry (empty when valid): the catalog's own rules, the
+    same the swap applies, so the plan never counts a target the deploy would refuse."""
     if not isinstance(entry, dict):
         return ["catalog entry %r is not a mapping" % name]
-    problems = []
-    repo_id = entry.get("repo_id")
-    if not repo_id:
-        problems.append("catalog entry %r has no repo_id" % name)
-    else:
-        try:
-            validate_repo_id(repo_id)
-        except StoreError as exc:
-            problems.append("catalog entry %r: %s" % (name, exc))
-    revision = entry.get("revision")
-    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
-        problems.append("catalog entry %r: revision must be a commit hash or a branch name" % name)
-    for key in ("allow_patterns", "ignore_patterns"):
-        value = entry.get(key)
-        if value is not None and not (isinstance(value, list) and all(isinstance(p, str) for p in value)):
-            problems.append("catalog entry %r: %s must be a list of glob strings" % (name, key))
-    return problems
+    return ["catalog entry %r: %s" % (name, problem) for problem in catalog.entry_problems(name, entry)]
 
 
 # --------------------------------------------------------------------------------------------
