@@ -88,9 +88,24 @@ class RunResult:
                     f"{data.get('task')}: {res.get('msg', '')}".strip())
         return out
 
+    def tasks_per_host(self) -> dict[str, int]:
+        """Per host, how many tasks ran (ok, changed, failed, skipped or unreachable; a loop counts
+        once). Each costs the controller a worker round trip, skipped ones included: the figure
+        the fleet-scale bound of the preview watches."""
+        out: dict[str, int] = {}
+        for ev in self.events:
+            if ev.get("event") in _TASK_RESULT_EVENTS:
+                host = ev.get("event_data", {}).get("host", "?")
+                out[host] = out.get(host, 0) + 1
+        return out
+
     def to_dict(self) -> dict:
         return {"rc": self.rc, "status": self.status, "stats": self.stats,
-                "custom_stats": self.custom_stats, "failures": self.failures()}
+                "custom_stats": self.custom_stats, "failures": self.failures(),
+                "tasks_per_host": self.tasks_per_host()}
+
+
+_TASK_RESULT_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable")
 
 
 def _custom_stats(events: list) -> dict:

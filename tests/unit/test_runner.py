@@ -37,6 +37,18 @@ def test_counts_hosts_and_failures_by_host():
     assert not res.ok and res.to_dict()["failures"]["gpu2"]
 
 
+def test_tasks_per_host_counts_every_task_result_once():
+    events = EVENTS + [
+        {"event": "runner_on_skipped", "event_data": {"host": "gpu1", "task": "skip"}},
+        {"event": "runner_item_on_ok", "event_data": {"host": "gpu1", "task": "loop"}},   # an item: not a task
+        {"event": "runner_on_ok", "event_data": {"host": "gpu1", "task": "loop"}},
+        {"event": "runner_on_start", "event_data": {"host": "gpu1", "task": "skip"}},
+    ]
+    res = runner.RunResult(rc=0, status="successful", stats={}, events=events, stdout="")
+    assert res.tasks_per_host() == {"gpu1": 3, "gpu2": 2, "gpu3": 1}
+    assert res.to_dict()["tasks_per_host"] == res.tasks_per_host()
+
+
 def test_a_missing_playbook_or_inventory_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no playbook 'nope.yml'"):
         runner.run_playbook("nope.yml", str(tmp_path))
