@@ -36,10 +36,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest as mf
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify as hv
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     StoreError,
@@ -291,7 +291,7 @@ class CacheLayout:
             other = name[:-5]
             if not name.endswith(".json") or other == commit or not COMMIT_RE.match(other):
                 continue
-            manifest = mf.read_manifest(os.path.join(directory, name), self.repo_id, other)
+            manifest = hf_manifest.read_manifest(os.path.join(directory, name), self.repo_id, other)
             if manifest is None:
                 continue
             listing = manifest["listing"]
@@ -388,7 +388,7 @@ class LocalDirLayout:
 
 def confine(path: str, folder: str, repo_id: str) -> None:
     """FetchError unless ``path`` lies inside ``folder`` (resolved): the check before every unlink."""
-    if not ht.inside(path, folder):
+    if not hub_trust.inside(path, folder):
         raise FetchError(
             "refusing to delete %s while cleaning a bad file of %s: it resolves outside %s (%s); "
             "nothing there was deleted; check for symlinks in that folder that lead elsewhere"
@@ -723,15 +723,15 @@ class SnapshotJob:
         for name in names:
             if not (name.endswith(".json") and COMMIT_RE.match(name[:-5])):
                 continue
-            data = mf.read_manifest(os.path.join(directory, name), self.repo_id, name[:-5])
+            data = hf_manifest.read_manifest(os.path.join(directory, name), self.repo_id, name[:-5])
             if data and data.get("revision") == revision:
                 if best is None or data.get("verified_at", "") > best.get("verified_at", ""):
                     best = data
         return best["commit"] if best else None
 
     def load_manifest(self) -> None:
-        self.manifest_file = mf.manifest_path(self.layout.meta_root, self.commit)
-        self.manifest = mf.read_manifest(self.manifest_file, self.repo_id, self.commit)
+        self.manifest_file = hf_manifest.manifest_path(self.layout.meta_root, self.commit)
+        self.manifest = hf_manifest.read_manifest(self.manifest_file, self.repo_id, self.commit)
 
     def load_listing(self) -> dict:
         """The commit's files: from the manifest, huggingface_hub's tree cache, or the Hub.
@@ -790,7 +790,7 @@ class SnapshotJob:
 
     def _plan_files(self) -> dict:
         mode = self.o["verify"]
-        ok, stale = mf.covers(self.manifest, self.wanted, self._locate, mode)
+        ok, stale = hf_manifest.covers(self.manifest, self.wanted, self._locate, mode)
         todo = sorted(self.wanted) if self.o["reverify"] else stale
         fetch, verify = [], []
         for path in todo:
@@ -904,7 +904,7 @@ class SnapshotJob:
         if layout.kind == "cache":
             hub_client.write_tree(layout.repo_path, self.commit, self.listing)
             if self.resolved_by == "hub":
-                mf.write_ref(layout.repo_path, self.revision, self.commit)
+                hf_manifest.write_ref(layout.repo_path, self.revision, self.commit)
         needed = plan["bytes_to_fetch"]
         free = available_bytes(layout.root)
         if needed > free:
@@ -944,9 +944,9 @@ class SnapshotJob:
             problem = self.layout.name_problem(self.commit, path, entry)
             if problem:
                 return {"ok": False, "reason": problem, "hashed": 0, "size": entry["size"],
-                        "algo": hv.expected_digest(entry)[0], "digest": None, "seconds": 0.0}
-        return hv.check_file(self.layout.locate(self.commit, path0), entry, verifier.mode,
-                             cancel=verifier.cancel)
+                        "algo": hf_verify.expected_digest(entry)[0], "digest": None, "seconds": 0.0}
+        return hf_verify.check_file(self.layout.locate(self.commit, path0), entry, verifier.mode,
+                                    cancel=verifier.cancel)
 
     def _transfer_and_verify(self, plan: dict, out: dict) -> None:
         layout = self.layout
@@ -960,7 +960,7 @@ class SnapshotJob:
         self._p(state="downloading" if fetch_units else "verifying", files_total=len(plan["fetch"]),
                 bytes_total=plan["bytes_to_fetch"], files_done=0, bytes_done=0)
         workers = max(1, int(self.o["workers"]))
-        verifier = hv.Verifier(int(self.o["verify_workers"]) or 0, self.o["verify"])
+        verifier = hf_verify.Verifier(int(self.o["verify_workers"]) or 0, self.o["verify"])
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-download")
         pending = {}
         refetched = set()
@@ -992,7 +992,7 @@ class SnapshotJob:
                         continue
                     try:
                         res = fut.result()
-                    except (Cancelled, hv.Cancelled):
+                    except (Cancelled, hf_verify.Cancelled):
                         continue
                     except FetchError as exc:
                         failures.append(exc)
@@ -1014,8 +1014,8 @@ class SnapshotJob:
                         entry = self.wanted[paths[0]]
                         st = os.stat(layout.locate(self.commit, paths[0]))
                         for path in paths:
-                            out["verified"][path] = dict(mf.fingerprint(st), algo=res["algo"],
-                                                         digest=res["digest"] or hv.expected_digest(entry)[1])
+                            out["verified"][path] = dict(hf_manifest.fingerprint(st), algo=res["algo"],
+                                                         digest=res["digest"] or hf_verify.expected_digest(entry)[1])
                         out["verified_bytes"] += int(entry["size"]) * len(paths)
                         if self.progress is not None:
                             self.progress.add(verified_files=len(paths), verified_bytes=int(entry["size"]))
@@ -1081,7 +1081,7 @@ class SnapshotJob:
         if self.manifest is not None:   # records that still hold, also of files other patterns chose
             for path, rec in self.manifest["files"].items():
                 if path in self.listing and path not in verified:
-                    ok, _ = mf.covers(self.manifest, {path: self.listing[path]}, self._locate, self.o["verify"])
+                    ok, _ = hf_manifest.covers(self.manifest, {path: self.listing[path]}, self._locate, self.o["verify"])
                     if ok:
                         files[path] = rec
         files.update(verified)
@@ -1089,7 +1089,7 @@ class SnapshotJob:
         if missing:
             raise FetchError("internal: %d selected files were neither verified nor vouched for (e.g. %s); "
                              "run again" % (len(missing), missing[0]), "error")
-        manifest = mf.build_manifest(
+        manifest = hf_manifest.build_manifest(
             repo_id=self.repo_id, revision=self.revision, commit=self.commit,
             endpoint=hub_client.endpoint_of(self.o["endpoint"]),
             layout=self.layout.kind, snapshot=self.layout.snapshot(self.commit), listing=self.listing,
@@ -1097,10 +1097,10 @@ class SnapshotJob:
             patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},
             tool={"huggingface_hub": getattr(self.hf, "version", None), "module": "modelswap.vllm.hf_snapshot"})
         started = time.monotonic()
-        mf.atomic_write_json(self.manifest_file, manifest)
+        hf_manifest.atomic_write_json(self.manifest_file, manifest)
         self.timings["manifest_s"] = time.monotonic() - started
         if self.layout.kind == "local_dir":
-            mf.remove_other_manifests(self.layout.meta_root, self.commit)
+            hf_manifest.remove_other_manifests(self.layout.meta_root, self.commit)
         self.manifest = manifest
         return manifest
 

@@ -15,7 +15,7 @@ import pwd
 
 import pytest
 
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 from tests.support.modules import run_module
 from tests.support.scratch_fs import tree_fingerprint
 
@@ -36,9 +36,9 @@ def world(tmp_path):
     cache = tmp_path / "hub"
     models = tmp_path / "models"
     models.mkdir()
-    sc.add_revision(cache, "org/one", A, {"config.json": b"{}", "model.safetensors": b"w" * 5000})
-    sc.add_revision(cache, "org/two", C, {"config.json": b"[]", "model.safetensors": b"v" * 3000})
-    sc.make_plain_dir(models, "plain", {"w.bin": b"p" * 700})
+    synthetic_cache.add_revision(cache, "org/one", A, {"config.json": b"{}", "model.safetensors": b"w" * 5000})
+    synthetic_cache.add_revision(cache, "org/two", C, {"config.json": b"[]", "model.safetensors": b"v" * 3000})
+    synthetic_cache.make_plain_dir(models, "plain", {"w.bin": b"p" * 700})
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "canary").write_bytes(b"precious")

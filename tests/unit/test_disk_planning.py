@@ -10,7 +10,7 @@ from huggingface_hub.utils import filter_repo_objects
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 
 pytestmark = pytest.mark.unit
 
@@ -31,8 +31,8 @@ MODELS = {
 }
 # the target at its pinned commit: shard-1 already cached (from v1), shard-2 new
 TARGET_FILES = [
-    {"path": "config.json", "size": 7, "etag": sc.etag_for("config.json", b'{"t":1}')},
-    {"path": "shard-1.safetensors", "size": 300 * KB, "etag": sc.etag_for("shard-1.safetensors", b"A" * (300 * KB))},
+    {"path": "config.json", "size": 7, "etag": synthetic_cache.etag_for("config.json", b'{"t":1}')},
+    {"path": "shard-1.safetensors", "size": 300 * KB, "etag": synthetic_cache.etag_for("shard-1.safetensors", b"A" * (300 * KB))},
     {"path": "shard-2.safetensors", "size": 500 * KB, "etag": "b" * 64},
 ]
 
@@ -40,16 +40,16 @@ TARGET_FILES = [
 @pytest.fixture
 def store(tmp_path):
     cache, models = tmp_path / "hub", tmp_path / "models"
-    sc.add_revision(cache, "org/old", V1, OLD_V1, refs=())
-    sc.add_revision(cache, "org/old", V2, OLD_V2)
-    sc.add_revision(cache, "org/served", S, SERVED)
-    sc.add_revision(cache, "org/keep", K, KEEP)
-    sc.add_revision(cache, "org/target", T1, TARGET_V1)
-    sc.add_orphan(cache, "org/old", "c" * 64, 200 * KB)
-    sc.make_plain_dir(models, "scratch", {"w.bin": b"D" * (250 * KB)})
+    synthetic_cache.add_revision(cache, "org/old", V1, OLD_V1, refs=())
+    synthetic_cache.add_revision(cache, "org/old", V2, OLD_V2)
+    synthetic_cache.add_revision(cache, "org/served", S, SERVED)
+    synthetic_cache.add_revision(cache, "org/keep", K, KEEP)
+    synthetic_cache.add_revision(cache, "org/target", T1, TARGET_V1)
+    synthetic_cache.add_orphan(cache, "org/old", "c" * 64, 200 * KB)
+    synthetic_cache.make_plain_dir(models, "scratch", {"w.bin": b"D" * (250 * KB)})
     now = time.time()
     for repo_id, age in (("org/old", 900), ("org/keep", 500), ("org/served", 10), ("org/target", 5)):
-        sc.set_last_used(cache, repo_id, now - age)
+        synthetic_cache.set_last_used(cache, repo_id, now - age)
     for p in (models / "scratch").rglob("*"):
         os.utime(p, (now - 700, now - 700))
     return model_store.scan_store(str(cache), str(models))
@@ -264,7 +264,7 @@ def test_resolve_item_errors(store, text, error, words):
 
 
 def test_ambiguous_item(store, tmp_path):
-    sc.add_revision(tmp_path / "hub", "scratch", V1, {"a": b"1"})
+    synthetic_cache.add_revision(tmp_path / "hub", "scratch", V1, {"a": b"1"})
     store2 = model_store.scan_store(store.cache_dir, store.models_dir)
     with pytest.raises(disk_plan.PlanError, match="ambiguous"):
         disk_plan.resolve_item(store2, "scratch", MODELS)
@@ -318,8 +318,8 @@ def test_read_target_with_explicit_bytes_asks_no_hub(tmp_path):
 
 def test_store_warnings_and_the_does_not_fit_message(tmp_path):
     cache = tmp_path / "hub"
-    sc.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
-    os.symlink("../../blobs/" + "0" * 64, cache / sc.folder_for("org/one") / "snapshots" / ("a" * 40) / "gone.bin")
+    synthetic_cache.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
+    os.symlink("../../blobs/" + "0" * 64, cache / synthetic_cache.folder_for("org/one") / "snapshots" / ("a" * 40) / "gone.bin")
     store = model_store.scan_store(str(cache), "")
     warnings = disk_plan.store_warnings(store)
     assert len(warnings) == 1 and warnings[0].startswith("disk_plan: cache repo org/one: ") and "broken" in warnings[0]
@@ -330,8 +330,8 @@ def test_store_warnings_and_the_does_not_fit_message(tmp_path):
 
 def test_orphan_in_use_only_while_a_lock_is_held(tmp_path):
     cache = tmp_path / "hub"
-    sc.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
-    sc.add_orphan(cache, "org/one", "e" * 64, 100)
+    synthetic_cache.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
+    synthetic_cache.add_orphan(cache, "org/one", "e" * 64, 100)
     store = model_store.scan_store(str(cache), "")
     (orphan,) = store.orphans
     assert disk_plan.orphan_in_use(store)(orphan) is False

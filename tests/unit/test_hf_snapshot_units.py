@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot as hd
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_progress
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
@@ -234,14 +234,14 @@ def test_process_start_parses_names_with_spaces_and_parens():
 # ------------------------------------------------------------------------------------------ patterns
 def test_select_and_a_pattern_matching_nothing():
     listing = {"config.json": {}, "model.safetensors": {}, "onnx/model.onnx": {}}
-    assert sorted(hd.select(listing, ["*.json", "*.safetensors"], None, "o/r", "a" * 40)) == \
+    assert sorted(hf_snapshot.select(listing, ["*.json", "*.safetensors"], None, "o/r", "a" * 40)) == \
         ["config.json", "model.safetensors"]
-    assert sorted(hd.select(listing, None, ["onnx/"], "o/r", "a" * 40)) == ["config.json", "model.safetensors"]
-    with pytest.raises(hd.FetchError, match="match none of the 3 files") as info:
-        hd.select(listing, ["*.gguf"], None, "o/r", "a" * 40)
+    assert sorted(hf_snapshot.select(listing, None, ["onnx/"], "o/r", "a" * 40)) == ["config.json", "model.safetensors"]
+    with pytest.raises(hf_snapshot.FetchError, match="match none of the 3 files") as info:
+        hf_snapshot.select(listing, ["*.gguf"], None, "o/r", "a" * 40)
     assert info.value.cause == "no_match"
-    with pytest.raises(hd.FetchError, match="has no files"):
-        hd.select({}, None, None, "o/r", "a" * 40)
+    with pytest.raises(hf_snapshot.FetchError, match="has no files"):
+        hf_snapshot.select({}, None, None, "o/r", "a" * 40)
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -271,8 +271,8 @@ class FakeHF:
     (lambda: RuntimeError("weird"), "error", False, ["RuntimeError: weird"]),
 ])
 def test_classify(make, cause, transient, words):
-    err = hd.classify(make(), FakeHF, repo_id="o/r", revision="main", where="the Hub at http://hub",
-                      token_given=False, what="doing it", dest="/data")
+    err = hf_snapshot.classify(make(), FakeHF, repo_id="o/r", revision="main", where="the Hub at http://hub",
+                               token_given=False, what="doing it", dest="/data")
     assert err.cause == cause and err.transient is transient
     for word in words:
         assert word in str(err)
@@ -287,12 +287,12 @@ def test_classify_looks_through_wrapping_errors():
         except Exception as exc:
             raise errors.LocalEntryNotFoundError("cannot find the requested files") from exc
     except Exception as outer:
-        err = hd.classify(outer, FakeHF, repo_id="o/r", revision="main", where="w", token_given=True, what="x")
+        err = hf_snapshot.classify(outer, FakeHF, repo_id="o/r", revision="main", where="w", token_given=True, what="x")
     assert err.cause == "gated" and "the token given has no access" in str(err)
 
 
 def test_retrying_gives_up_after_the_attempts_and_backs_off():
-    job = hd.SnapshotJob("o/r", hf=FakeHF, retries=3, retry_delay=0.01)
+    job = hf_snapshot.SnapshotJob("o/r", hf=FakeHF, retries=3, retry_delay=0.01)
     calls = []
 
     def flaky():
@@ -310,11 +310,11 @@ def test_retrying_gives_up_after_the_attempts_and_backs_off():
         return fn
 
     calls.clear()
-    with pytest.raises(hd.FetchError, match="gave up after 4 attempts"):
+    with pytest.raises(hf_snapshot.FetchError, match="gave up after 4 attempts"):
         job._retrying(always(503), "thing")
     assert len(calls) == 4 and calls[3] - calls[2] >= 0.04 > calls[1] - calls[0]   # 0.01, 0.02, 0.04
     calls.clear()
-    with pytest.raises(hd.FetchError) as info:   # permanent: no retry
+    with pytest.raises(hf_snapshot.FetchError) as info:   # permanent: no retry
         job._retrying(always(404, "RepositoryNotFoundError"), "thing")
     assert info.value.cause == "repo_not_found" and len(calls) == 1
 
@@ -341,7 +341,7 @@ def stop(proc):
 
 
 def test_orphans_go_only_when_their_download_lock_is_free(tmp_path):
-    layout = hd.CacheLayout(str(tmp_path), "o/r")
+    layout = hf_snapshot.CacheLayout(str(tmp_path), "o/r")
     blobs = Path(layout.repo_path, "blobs")
     blobs.mkdir(parents=True)
     dead = blobs / ("a" * 64 + ".1234abcd.incomplete")
@@ -352,7 +352,7 @@ def test_orphans_go_only_when_their_download_lock_is_free(tmp_path):
     Path(layout.lock_dir).mkdir(parents=True)
     holder = hold(Path(layout.lock_dir, "b" * 64 + ".lock"))
     try:
-        removed, busy = hd.clean_orphans(layout)
+        removed, busy = hf_snapshot.clean_orphans(layout)
     finally:
         stop(holder)
     assert [p for p, _ in removed] == [str(dead)] and busy == [str(live)]
@@ -360,24 +360,24 @@ def test_orphans_go_only_when_their_download_lock_is_free(tmp_path):
 
 
 def test_local_dir_orphans_wait_for_every_file_lock(tmp_path):
-    layout = hd.LocalDirLayout(str(tmp_path), "o/r")
+    layout = hf_snapshot.LocalDirLayout(str(tmp_path), "o/r")
     download = Path(layout.lock_dir, "sub")
     download.mkdir(parents=True)
     orphan = download / "abc.deadbeef.1234abcd.incomplete"
     orphan.write_bytes(b"x")
     holder = hold(download / "w.safetensors.lock")
     try:
-        removed, busy = hd.clean_orphans(layout)
+        removed, busy = hf_snapshot.clean_orphans(layout)
         assert removed == [] and busy == [str(orphan)]
     finally:
         stop(holder)
-    removed, busy = hd.clean_orphans(layout)
+    removed, busy = hf_snapshot.clean_orphans(layout)
     assert [p for p, _ in removed] == [str(orphan)] and busy == []
 
 
 def test_repo_lock_excludes_other_processes_and_names_its_holder(tmp_path):
     path = tmp_path / ".locks" / "models--o--r" / "modelswap.lock"
-    mine = hd.RepoLock(str(path))
+    mine = hf_snapshot.RepoLock(str(path))
     assert mine.acquire(1) is True
     code = ("import sys; from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import RepoLock; "
             "l = RepoLock(sys.argv[1]); print(l.acquire(0.3), l.holder())")
@@ -393,7 +393,7 @@ def test_repo_lock_excludes_other_processes_and_names_its_holder(tmp_path):
 
 
 def test_writable_problem(tmp_path):
-    assert hd.writable_problem(str(tmp_path / "a" / "b"), probe=True) == ""
-    assert hd.writable_problem(str(tmp_path / "a" / "b"), probe=False) == ""
+    assert hf_snapshot.writable_problem(str(tmp_path / "a" / "b"), probe=True) == ""
+    assert hf_snapshot.writable_problem(str(tmp_path / "a" / "b"), probe=False) == ""
     (tmp_path / "file").write_text("x")
-    assert "not a directory" in hd.writable_problem(str(tmp_path / "file" / "sub"), probe=False)
+    assert "not a directory" in hf_snapshot.writable_problem(str(tmp_path / "file" / "sub"), probe=False)

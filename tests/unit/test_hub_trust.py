@@ -12,7 +12,7 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust as ht
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
 from tests.support import synthetic_cache
 
 pytestmark = pytest.mark.unit
@@ -49,7 +49,7 @@ S64 = "b" * 64
     ("x" * 5000, "longer than"),
 ])
 def test_path_problem(path, problem):
-    got = ht.path_problem(path)
+    got = hub_trust.path_problem(path)
     assert (got == "") if problem == "" else (problem in got), got
 
 
@@ -73,7 +73,7 @@ def test_path_problem(path, problem):
     (123, True, False),
 ])
 def test_id_problem(value, lfs, ok):
-    assert (ht.id_problem(value, lfs) == "") is ok
+    assert (hub_trust.id_problem(value, lfs) == "") is ok
 
 
 @pytest.mark.parametrize("entry, words", [
@@ -89,23 +89,23 @@ def test_id_problem(value, lfs, ok):
     ("not a dict", "not a mapping"),
 ])
 def test_entry_problem(entry, words):
-    got = ht.entry_problem("f.bin", entry)
+    got = hub_trust.entry_problem("f.bin", entry)
     assert (got == "") if words is None else (words in got and "'f.bin'" in got), got
 
 
 def test_check_listing_names_the_bad_entries_and_the_fix():
     good = {"config.json": {"size": 3, "blob_id": A40}}
-    assert ht.check_listing(good, "the list", "fix it") is good
+    assert hub_trust.check_listing(good, "the list", "fix it") is good
     bad = dict(good, **{"../../etc/x": {"size": 3, "blob_id": A40}, "w": {"size": 1, "blob_id": "x/y"}})
-    with pytest.raises(ht.ListingError) as err:
-        ht.check_listing(bad, "the file list of o/r", "check the endpoint")
+    with pytest.raises(hub_trust.ListingError) as err:
+        hub_trust.check_listing(bad, "the file list of o/r", "check the endpoint")
     msg = str(err.value)
     assert msg.startswith("the file list of o/r has an unsafe entry: ")
     assert "'../../etc/x' has a '..' segment" in msg and "'x/y'" in msg
     assert "nothing was written or deleted; check the endpoint" in msg
-    assert ht.listing_problems(["a"]) == ["the file list is not a mapping of paths"]
+    assert hub_trust.listing_problems(["a"]) == ["the file list is not a mapping of paths"]
     many = {"../%d" % i: {"size": 1, "blob_id": A40} for i in range(10)}
-    assert len(ht.listing_problems(many)) == 3
+    assert len(hub_trust.listing_problems(many)) == 3
 
 
 # ------------------------------------------------------------------------------------------ inside
@@ -116,13 +116,13 @@ def test_inside_resolves_folders_but_not_the_last_link(tmp_path):
     outside.mkdir()
     (root / "snap" / "link").symlink_to(outside / "file")        # a link in the folder: inside
     (root / "escape").symlink_to(outside)                         # a folder leading out: not
-    assert ht.inside(str(root / "snap" / "file"), str(root))
-    assert ht.inside(str(root / "snap" / "link"), str(root))
-    assert not ht.inside(str(root / "escape" / "file"), str(root))
-    assert not ht.inside(str(root / "snap" / ".." / ".." / "outside" / "file"), str(root))
-    assert not ht.inside(str(root), str(root))
-    assert not ht.inside(str(tmp_path / "repo-sibling" / "x"), str(root))   # a prefix is not a parent
-    assert not ht.inside(str(root / "snap" / ".."), str(root))
+    assert hub_trust.inside(str(root / "snap" / "file"), str(root))
+    assert hub_trust.inside(str(root / "snap" / "link"), str(root))
+    assert not hub_trust.inside(str(root / "escape" / "file"), str(root))
+    assert not hub_trust.inside(str(root / "snap" / ".." / ".." / "outside" / "file"), str(root))
+    assert not hub_trust.inside(str(root), str(root))
+    assert not hub_trust.inside(str(tmp_path / "repo-sibling" / "x"), str(root))   # a prefix is not a parent
+    assert not hub_trust.inside(str(root / "snap" / ".."), str(root))
 
 
 # ------------------------------------------------------------------------------------------ token
@@ -136,7 +136,7 @@ def test_inside_resolves_folders_but_not_the_last_link(tmp_path):
     ("https://mirror.local", True, True, False),
 ])
 def test_token_endpoint_problem(endpoint, token, trusted, refused):
-    got = ht.token_endpoint_problem(endpoint, token, trusted)
+    got = hub_trust.token_endpoint_problem(endpoint, token, trusted)
     assert bool(got) is refused
     if refused:
         assert "clear text" in got and "http_endpoint_trusted=true" in got and "https://" in got

@@ -14,14 +14,14 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 from tests.support.synthetic_cache import A, B, C
 from tests.support.scratch_fs import tree_fingerprint
 
 pytestmark = pytest.mark.unit
 
-ONE = sc.folder_for("org/one")
-TWO = sc.folder_for("org/two")
+ONE = synthetic_cache.folder_for("org/one")
+TWO = synthetic_cache.folder_for("org/two")
 MODELS = {"one-a": {"repo_id": "org/one", "revision": A}, "one-b": {"repo_id": "org/one", "revision": B},
           "two": {"repo_id": "org/two", "revision": C}}
 
@@ -32,9 +32,9 @@ def world(tmp_path):
     symlink `alias` to `plain` and one `escape` to a folder outside the roots."""
     cache = tmp_path / "hub"
     models = tmp_path / "models"
-    sc.add_two_repos(cache)
-    sc.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000})
-    sc.make_plain_dir(models, "served-dir", {"w.bin": b"s" * 5000})
+    synthetic_cache.add_two_repos(cache)
+    synthetic_cache.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000})
+    synthetic_cache.make_plain_dir(models, "served-dir", {"w.bin": b"s" * 5000})
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "data.bin").write_bytes(b"keep me")
@@ -227,7 +227,7 @@ def test_one_revision_of_two_frees_only_what_it_alone_links(world):
     removed, deletions = model_purge.plan_removal(store, steps, model_store.DeletionSimulator(store), MODELS)
     assert "removes_repo" not in removed[0] and removed[0]["kind"] == "revision"
     blob_paths = [u.path for d in deletions for u in d.unlinks if u.kind == "blob"]
-    assert blob_paths == [str(cache / ONE / "blobs" / sc.etag_for("config.json", sc.W1["config.json"]))]
+    assert blob_paths == [str(cache / ONE / "blobs" / synthetic_cache.etag_for("config.json", synthetic_cache.W1["config.json"]))]
 
 
 def test_revisions_of_a_damaged_repo_are_refused(world):
@@ -243,15 +243,15 @@ def test_revisions_of_a_damaged_repo_are_refused(world):
 
 def test_orphans_and_stale_locks_in_repos_that_stay(world):
     tmp, cache, models = world
-    orphan_one = sc.add_orphan(cache, "org/one", "e" * 64, 3000)
-    orphan_two = sc.add_orphan(cache, "org/two", "f" * 64, 2000)
+    orphan_one = synthetic_cache.add_orphan(cache, "org/one", "e" * 64, 3000)
+    orphan_two = synthetic_cache.add_orphan(cache, "org/two", "f" * 64, 2000)
     locks = cache / ".locks"
     (locks / ONE).mkdir(parents=True)
     (locks / ONE / ("e" * 64 + ".lock")).write_text("")
     (locks / TWO).mkdir()
     (locks / TWO / "x.lock").write_text("")
     (locks / TWO / "notes.txt").write_text("")
-    (locks / sc.folder_for("org/gone")).mkdir()
+    (locks / synthetic_cache.folder_for("org/gone")).mkdir()
     store, roots = scanned(cache, models)
     state = state_for(store)
     plan = model_purge.plan_purge(store, state, roots=roots, items=["org/one"], models=MODELS)
@@ -259,7 +259,7 @@ def test_orphans_and_stale_locks_in_repos_that_stay(world):
     assert [o["path"] for o in plan.orphans] == [str(orphan_two)] and plan.busy_orphans == []
     assert plan.orphans[0]["repo_id"] == "org/two" and plan.orphans[0]["bytes"] > 0
     assert [(s["path"], s["dir"]) for s in plan.stale] == [
-        (str(locks / sc.folder_for("org/gone")), True), (str(locks / TWO / "x.lock"), False)]
+        (str(locks / synthetic_cache.folder_for("org/gone")), True), (str(locks / TWO / "x.lock"), False)]
     # nothing is cleaned when the cache is outside the roots, or when asked not to
     plan = model_purge.plan_purge(store, state, roots=[store.models_dir], items=[], models=MODELS)
     assert plan.orphans == [] and plan.stale == []
@@ -281,7 +281,7 @@ def test_the_plans_result_and_diff(world):
     assert result["changed"] is True and result["absent"] == ["org/absent"] and result["freed_bytes"] is None
     assert [r["item"] for r in result["removed"]] == ["org/two", str(models / "plain")]
     assert result["planned_bytes"] == sum(r["bytes"] for r in result["removed"])
-    assert result["expected_freed_size"] == len(sc.W3["config.json"]) + len(sc.W3["model.safetensors"])
+    assert result["expected_freed_size"] == len(synthetic_cache.W3["config.json"]) + len(synthetic_cache.W3["model.safetensors"])
     assert plan.needs_huggingface_hub()
     diff = model_purge.purge_diff(store, plan)
     assert diff["before"] != diff["after"] and "org/two" in diff["before"] and "org/two" not in diff["after"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 from tests.support.modules import run_module
 from tests.support.scratch_fs import scratch_fs, tree_fingerprint, tree_usage
 
@@ -87,14 +87,14 @@ class World:
         served = self.download("lab/served", self.commits["served"])
         self.download("lab/keep", self.commits["keep"])
         self.download("lab/target", self.commits["target-v1"])
-        sc.make_plain_dir(self.models_dir, "finetune",
-                          {"weights.bin": blob(7, 100 * KB), "config.json": b"{}"})
+        synthetic_cache.make_plain_dir(self.models_dir, "finetune",
+                                       {"weights.bin": blob(7, 100 * KB), "config.json": b"{}"})
         self.record.write_text(json.dumps({"model": "served", "repo_id": "lab/served",
                                            "commit": self.commits["served"], "path": str(served)}))
         # LRU order: old oldest, then the plain dir, then keep and served
         now = time.time()
         for repo_id, age in (("lab/old", 5000), ("lab/keep", 100), ("lab/served", 50), ("lab/target", 10)):
-            sc.set_last_used(self.cache, repo_id, now - age)
+            synthetic_cache.set_last_used(self.cache, repo_id, now - age)
         for path in (self.models_dir / "finetune").rglob("*"):
             os.utime(path, (now - 3000, now - 3000))
         return self
@@ -430,7 +430,7 @@ BAD_PLAN = [
 
 def _bad_world(tmp_path):
     cache = tmp_path / "hub"
-    sc.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}", "model.safetensors": b"w" * 5000})
+    synthetic_cache.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}", "model.safetensors": b"w" * 5000})
     (tmp_path / "file").write_text("x")
     (tmp_path / "bad.json").write_text("{not json")
     return cache

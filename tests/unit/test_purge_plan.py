@@ -20,15 +20,15 @@ import pytest
 from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
-from tests.support import synthetic_cache as sc
+from tests.support import synthetic_cache
 from tests.support.synthetic_cache import A, B, C, W1, W2, W3
 from tests.support.modules import REPO, run_module
 from tests.support.scratch_fs import tree_fingerprint
 
 pytestmark = pytest.mark.unit
 
-ONE = sc.folder_for("org/one")
-TWO = sc.folder_for("org/two")
+ONE = synthetic_cache.folder_for("org/one")
+TWO = synthetic_cache.folder_for("org/two")
 
 
 def build(tmp_path):
@@ -37,19 +37,19 @@ def build(tmp_path):
     cache = tmp_path / "hub"
     models = tmp_path / "models"
     models.mkdir()
-    sc.add_two_repos(cache)
+    synthetic_cache.add_two_repos(cache)
     for commit in (A, B):
         for sub in ("trees", "modelswap"):
             (cache / ONE / sub).mkdir(exist_ok=True)
             (cache / ONE / sub / (commit + ".json")).write_text("{}")
     (cache / ONE / ".no_exist" / A).mkdir(parents=True)
     (cache / ONE / ".no_exist" / A / "generation_config.json").write_text("")
-    sc.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000})
+    synthetic_cache.make_plain_dir(models, "plain", {"w.bin": b"p" * 7000})
     return cache, models
 
 
 def blob_of(rel: str, files: dict) -> str:
-    return "blobs/" + sc.etag_for(rel, files[rel])
+    return "blobs/" + synthetic_cache.etag_for(rel, files[rel])
 
 
 def plan_for(store, folder, commits=None, dirs=()):
@@ -156,7 +156,7 @@ CHANGES = [
      lambda c, m, o: _swap_for_link(str(c / ONE / "trees"), str(o / "trees")),
      ["reached through a symlink"]),
     ("new-revision",
-     lambda c, m, o: sc.add_revision(c, "org/one", C, W3, refs=("dev",)),
+     lambda c, m, o: synthetic_cache.add_revision(c, "org/one", C, W3, refs=("dev",)),
      ["revision %s appeared" % C, "refs changed"]),
     ("plain-directory-now-a-link",
      lambda c, m, o: _swap_for_link(str(m / "plain"), str(o / "plain")),
