@@ -62,6 +62,20 @@ options:
       - 40 lowercase hex digits, else the module fails before any request; when O(revision) is itself a
         commit it must be the same one. Unset or empty, the revision is resolved here.
     type: str
+  listing:
+    description:
+      - The commit's file list as listed already, e.g. once on the controller for a whole fleet: the
+        C(listing) another hf_snapshot returned with O(return_listing) (C({commit, files})). The module then
+        asks the Hub for no file list; every path and blob id in it is checked as a Hub listing is.
+      - Used only when its commit is the one to fetch (O(resolved_commit) or a pinned O(revision)); a
+        verified manifest still comes first.
+    type: dict
+  return_listing:
+    description:
+      - Return the selected files of the commit as C(listing), for another hf_snapshot's O(listing) or a
+        plan (the migrate role lists each target once on the controller this way, in check mode).
+    type: bool
+    default: false
   cache_dir:
     description:
       - The Hugging Face hub cache to download into (the folder holding C(models--org--name)).
@@ -321,6 +335,13 @@ orphans_removed:
   returned: success
   type: list
   elements: dict
+listing:
+  description: The selected files of the commit, as the Hub listed them (path to size, blob id, LFS sha256).
+  returned: when return_listing is true
+  type: dict
+  contains:
+    commit: {description: The commit., type: str}
+    files: {description: "Path to C({size, blob_id, lfs_sha256}).", type: dict}
 would_fetch:
   description: In check mode, what a real run would fetch and verify.
   returned: check_mode
@@ -339,7 +360,9 @@ summary:
   type: str
   sample: "lab/tiny-a@8976b449...: 9 files, 2.3 MiB; downloaded 9 files (2.3 MiB) in 0.8 s (12.1 MB/s); verified full (9 files); /var/..."
 listing_source:
-  description: Where the commit's file list came from, C(manifest), C(tree_cache) (huggingface_hub's) or C(hub).
+  description: >-
+    Where the commit's file list came from, C(manifest), C(given) (O(listing)), C(tree_cache)
+    (huggingface_hub's) or C(hub).
   returned: success
   type: str
 resolved_by:
@@ -385,6 +408,8 @@ def main():
             repo_id=dict(type="str", required=True),
             revision=dict(type="str", default=DEFAULT_REVISION),
             resolved_commit=dict(type="str"),
+            listing=dict(type="dict"),
+            return_listing=dict(type="bool", default=False),
             cache_dir=dict(type="path"),
             local_dir=dict(type="path"),
             allow_patterns=dict(type="list", elements="str"),

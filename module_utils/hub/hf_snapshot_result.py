@@ -230,6 +230,8 @@ def _plan_and_apply(job, params, progress, check_mode, diff, warn):
     if progress is not None:
         progress.set(commit=job.commit)
     result = planned_result(job, params["repo_id"], params["revision"])
+    if params.get("return_listing"):
+        result["listing"] = {"commit": job.commit, "files": job.wanted}
     before_manifest = job.manifest
     changed = not plan["noop"]
     if check_mode:
