@@ -145,6 +145,79 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
             "changes": bool(would_install or removed or download or would_swap), "failure": failure}
 
 
+def _purge_problem(host: str, target: str, disk: dict, settings: dict) -> str:
+    """The model_purge role's refusal of this plan (forbidden, or a purge that would not make room)."""
+    verdict = disk.get("verdict")
+    if settings.get("purge_all_listed") or verdict != "does_not_fit":
+        if settings.get("purge_allowed", True) or verdict == "fits":
+            return ""
+    if verdict == "does_not_fit":
+        return ("%s: %s. Purging would not make room for %s: %s; nothing was deleted"
+                % (host, disk.get("summary"), target, disk.get("reason")))
+    return ("%s: %s. %s needs a purge of %s but model_purge_allowed is false; nothing was deleted"
+            % (host, disk.get("summary"), target, ", ".join(disk.get("purge") or []) or "partial downloads"))
+
+
+def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
+    """The migration of one host planned from one read (migrate_facts' result): what each step
+    would do, which steps must run, the first refusal, and each step's result as its role reports
+    it in check mode (so the preview's plan is migrate_plan's, the same numbers the steps give).
+
+    expected: {path: sha1} of the slot's unit, environment and guard files as the controller
+    renders them. settings: install {enabled, version, venv, source}; unit; force_restart;
+    replaced_todo (vllm_units_to_replace of the read); guard; purge_allowed, purge_all_listed;
+    fail_on_does_not_fit; benchmark {enabled, concurrency}; download_rate; host; problems (the
+    settings' refusals, step by step: [{"step", "msg"}], judged on the controller first).
+    """
+    disk, service, install = read.get("disk") or {}, read.get("service") or {}, read.get("install") or {}
+    install_on = bool(_get(settings, "install", "enabled"))
+    install_result = {
+        "changed": install_on and not install.get("matches"),
+        "version": _get(settings, "install", "version"), "venv": _get(settings, "install", "venv"),
+        "installed_version": install.get("version"), "source": _get(settings, "install", "source")}
+    sums = _get(read, "config", "sha1", default={}) or {}
+    drift = sorted(path for path, sha1 in (expected or {}).items() if sums.get(path) != sha1)
+    secret_ok = _get(read, "config", "secret_matches")
+    configure = bool(drift) or secret_ok is False
+    unit_state = _get(service, "unit", "active_state")
+    replaced = settings.get("replaced_todo") or []
+    swap = configure or unit_state != "active" or bool(settings.get("force_restart")) or bool(replaced)
+    fetch = read.get("fetch") or {}
+    service_result = {
+        "action": "deploy", "model": target, "unit": settings.get("unit"), "swapped": False,
+        "would_swap": swap, "replaced_model": _get(service, "deployment", "model") if swap else None,
+        "replaced_units": [u.get("unit") for u in replaced] if swap else []}
+    problems = list(settings.get("problems") or [])
+    host = settings.get("host") or ""
+    if disk.get("verdict") == "does_not_fit" and settings.get("fail_on_does_not_fit", True):
+        problems.append({"step": "preflight", "msg": "%s does not fit on %s: %s" % (
+            target, _get(disk, "filesystem", "path"), disk.get("reason"))})
+    why = _purge_problem(host, target, disk, settings) if disk else ""
+    if why:
+        problems.append({"step": "purge", "msg": why})
+    problems.extend({"step": "swap", "msg": msg} for msg in settings.get("host_problems") or [])
+    order = ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
+    problems.sort(key=lambda p: order.index(p["step"]) if p["step"] in order else len(order))
+    failure = dict(problems[0], task="plan") if problems else None
+    todo = {"install": install_result["changed"], "purge": read.get("purge") is not None,
+            "fetch": not fetch.get("verified", False), "configure": configure, "swap": swap,
+            "drift": drift + ([] if secret_ok is not False else ["API key file"])}
+    plan = migrate_plan(target, disk or None, read.get("purge"), fetch, service_result,
+                        settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
+                        dict(install_result, enabled=install_on))
+    return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
+            "service": service_result}
+
+
+def failure_of(marks: dict, task, result) -> dict:
+    """{"step", "task", "msg"} of a failed task: the step is the last one started (its mark)."""
+    started = sorted(((v, k) for k, v in (marks or {}).items() if k != "end" and v is not None))
+    result = result if isinstance(result, dict) else {}
+    name = task.get("name", "") if isinstance(task, dict) else getattr(task, "name", "") or ""
+    return {"step": started[-1][1] if started else "preflight", "task": name or "",
+            "msg": result.get("msg") or result.get("stderr") or "failed"}
+
+
 def plan_lines(plan: dict, host: str) -> list[str]:
     """The plan as the numbered todo list an operator reads."""
     lines = [f"{host}: migrate to {plan.get('target')}"
@@ -206,6 +279,7 @@ def host_records(hosts, hostvars) -> list:
 
 class FilterModule:
     def filters(self):
-        return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines,
+        return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
+                "migrate_failure": failure_of,
                 "migrate_record": migrate_record, "migrate_host_records": host_records,
                 "human_bytes": human_bytes}
