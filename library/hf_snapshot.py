@@ -64,9 +64,9 @@ options:
     type: str
   listing:
     description:
-      - The commit's file list as listed already, e.g. once on the controller for a whole fleet: the
-        C(listing) another hf_snapshot returned with O(return_listing) (C({commit, files})). The module then
-        asks the Hub for no file list; every path and blob id in it is checked as a Hub listing is.
+      - The commit's file list as listed already, e.g. once on the controller for a whole fleet - the
+        C(listing) another hf_snapshot returned with O(return_listing) (C(commit) and C(files)). The module
+        then asks the Hub for no file list; every path and blob id in it is checked as a Hub listing is.
       - Used only when its commit is the one to fetch (O(resolved_commit) or a pinned O(revision)); a
         verified manifest still comes first.
     type: dict

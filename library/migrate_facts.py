@@ -19,9 +19,9 @@ description:
     the disk plan (as M(modelswap.vllm.disk_plan)) and what the download would fetch (as
     M(modelswap.vllm.hf_snapshot) plans it).
   - The target's files come from O(listing), which the controller made once for the whole fleet
-    (M(modelswap.vllm.hf_snapshot) in check mode with C(return_listing)): the host asks the Hub nothing
+    (M(modelswap.vllm.hf_snapshot) in check mode with C(return_listing)) - the host asks the Hub nothing
     and needs no huggingface_hub, so it runs with the host's own Python, before vLLM is installed too.
-  - One host-side call instead of a dozen tasks: the controller's cost per host is per task, so a
+  - One host-side call instead of a dozen tasks - the controller's cost per host is per task, so a
     fleet's preview is bound by this count (see the README's figures).
   - Role-private in spirit (the C(migrate) role's read step) but usable alone.
 extends_documentation_fragment:

@@ -8,6 +8,7 @@ model_purge_result, model_fetch_result, vllm_service_result, benchmark_result.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import units
@@ -163,8 +164,9 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     would do, which steps must run, the first refusal, and each step's result as its role reports
     it in check mode (so the preview's plan is migrate_plan's, the same numbers the steps give).
 
-    expected: {path: sha1} of the slot's unit, environment and guard files as the controller
-    renders them. settings: install {enabled, version, venv, source}; unit; force_restart;
+    expected: {path: text} of the slot's unit, environment and guard files as the controller
+    renders them (returned as ``rendered``, so the preview shows their diffs without rendering
+    them again). settings: install {enabled, version, venv, source}; unit; force_restart;
     replaced_todo (vllm_units_to_replace of the read); guard; purge_allowed, purge_all_listed;
     fail_on_does_not_fit; benchmark {enabled, concurrency}; download_rate; host; problems (the
     settings' refusals, step by step: [{"step", "msg"}], judged on the controller first).
@@ -176,7 +178,8 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
         "version": _get(settings, "install", "version"), "venv": _get(settings, "install", "venv"),
         "installed_version": install.get("version"), "source": _get(settings, "install", "source")}
     sums = _get(read, "config", "sha1", default={}) or {}
-    drift = sorted(path for path, sha1 in (expected or {}).items() if sums.get(path) != sha1)
+    drift = sorted(path for path, text in (expected or {}).items()
+                   if sums.get(path) != hashlib.sha1(str(text).encode("utf-8")).hexdigest())
     secret_ok = _get(read, "config", "secret_matches")
     configure = bool(drift) or secret_ok is False
     unit_state = _get(service, "unit", "active_state")
@@ -206,7 +209,7 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
                         settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
                         dict(install_result, enabled=install_on))
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
-            "service": service_result}
+            "service": service_result, "rendered": dict(expected or {})}
 
 
 def failure_of(marks: dict, task, result) -> dict:

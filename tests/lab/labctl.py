@@ -141,6 +141,29 @@ def pid_alive(pid: int | None, expect: str | None = None) -> bool:
 
 # --------------------------------------------------------------------------- preflight
 
+# Every host's systemd holds inotify instances and kernel keys as root: past about 16 hosts on
+# the kernel's defaults (128 instances) the next host boots "degraded", its .path units failed.
+KERNEL_LIMITS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 1048576,
+                 "kernel/keys/maxkeys": 20000, "kernel/keys/maxbytes": 2000000}
+
+
+def raise_kernel_limits(proc_sys: Path = Path("/proc/sys")) -> list[str]:
+    """Raise the per-user limits many containers share (never lower one); what changed."""
+    changed = []
+    for key, wanted in KERNEL_LIMITS.items():
+        path = proc_sys / key
+        try:
+            have = int(path.read_text().split()[0])
+            if have < wanted:
+                path.write_text(f"{wanted}\n")
+                changed.append(f"{key.replace('/', '.')} {have} -> {wanted}")
+        except (OSError, ValueError, IndexError):
+            continue
+    if changed:
+        log("raised kernel limits for many hosts: " + ", ".join(changed))
+    return changed
+
+
 def preflight(lab: Lab, reuse: bool) -> None:
     if os.geteuid() != 0:
         raise LabError("the lab needs root (it mounts overlays, creates a bridge and boots "
@@ -159,6 +182,7 @@ def preflight(lab: Lab, reuse: bool) -> None:
                            "MODELSWAP_LAB_CACHE to a larger filesystem")
     if reuse:
         return
+    raise_kernel_limits()
     if Path(f"/sys/class/net/{lab.bridge}").exists():
         raise LabError(f"network interface {lab.bridge} already exists but this lab has no state: "
                        f"another lab or a stale one owns it. Remove it (`ip link del {lab.bridge}`) "

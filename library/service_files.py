@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: service_files
+short_description: Write a service's configuration files in one call, with one diff per file
+version_added: "0.2.0"
+description:
+  - Writes files whose content the controller rendered (a systemd unit, its environment file, its API
+    key file) in one call, where M(ansible.builtin.template) costs a task and a round trip per file.
+  - Each file is compared with the host's by content (and mode, owner, group) and replaced only when it
+    differs, atomically (mode set before the new content is visible). A file with O(files[].validate)
+    is checked first, from a copy under its own name in a temporary folder; a failing check changes
+    nothing and fails with the check's output.
+  - O(secret_files) hold secrets (an API key) - their content is never logged, returned or diffed; their
+    diff only says that they would change.
+  - Role-private in spirit (the C(vllm_service) role's render step, the C(migrate) role's preview) but
+    usable alone.
+extends_documentation_fragment:
+  - modelswap.vllm.attributes
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports what would change, with the diffs; writes nothing and runs no check.
+  diff_mode:
+    support: full
+    details: One diff per changed file; a secret file's only says that it changes.
+options:
+  files:
+    description: Files whose content may be shown in diffs.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Absolute path of the file., type: path, required: true}
+      content: {description: The whole content., type: str, required: true}
+      mode: {description: Octal mode as a string (C("0644")); unset keeps the file's or uses 0644., type: str}
+      owner: {description: Owner name., type: str}
+      group: {description: Group name., type: str}
+      validate:
+        description:
+          - A command that checks the new content before it replaces the file; C(%s) is the path of a copy
+            with the file's own name in a temporary folder. Run without a shell; exit 0 accepts.
+        type: str
+  secret_files:
+    description: Files holding secrets; same suboptions as O(files) but O(secret_files[].content) is never shown.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Absolute path of the file., type: path, required: true}
+      content: {description: The whole content (never logged or shown)., type: str, required: true, no_log: true}
+      mode: {description: Octal mode as a string., type: str, default: "0600"}
+      owner: {description: Owner name., type: str}
+      group: {description: Group name., type: str}
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Write the unit and its environment files
+  modelswap.vllm.service_files:
+    files:
+      - path: /etc/systemd/system/vllm.service
+        content: "{{ lookup('ansible.builtin.template', 'vllm.service.j2') }}"
+        mode: "0644"
+        validate: systemd-analyze verify --man=no %s
+      - {path: /etc/modelswap/vllm.env, content: "NCCL_DEBUG=WARN\n", mode: "0600"}
+    secret_files:
+      - {path: /etc/modelswap/vllm.secret.env, content: "VLLM_API_KEY={{ vault_vllm_api_key }}\n"}
+  become: true
+  register: slot_files
+"""
+
+RETURN = r"""
+files:
+  description: Per file, whether it changed (or would), was created, and the sha1 of its new content (not for a secret file).
+  returned: success
+  type: list
+  elements: dict
+changed_paths:
+  description: The paths that changed (or would).
+  returned: success
+  type: list
+  elements: str
+"""
+
+import shlex
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import service_files
+
+FILE_OPTIONS = dict(
+    path=dict(type="path", required=True),
+    content=dict(type="str", required=True),
+    mode=dict(type="str"),
+    owner=dict(type="str"),
+    group=dict(type="str"),
+    validate=dict(type="str"),
+)
+SECRET_OPTIONS = dict(
+    path=dict(type="path", required=True),
+    content=dict(type="str", required=True, no_log=True),
+    mode=dict(type="str", default="0600"),
+    owner=dict(type="str"),
+    group=dict(type="str"),
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            files=dict(type="list", elements="dict", default=[], options=FILE_OPTIONS),
+            secret_files=dict(type="list", elements="dict", default=[], options=SECRET_OPTIONS),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        # plan: every file compared before any is written
+        items = ([service_files.plan_file(f, secret=False) for f in p["files"]]
+                 + [service_files.plan_file(f, secret=True) for f in p["secret_files"]])
+        changed = [i for i in items if i["changed"]]
+        result = {"changed": bool(changed), "files": [service_files.summary(i) for i in items],
+                  "changed_paths": [i["path"] for i in changed]}
+        if module._diff and changed:
+            result["diff"] = [service_files.diff_of(i, module.check_mode) for i in changed]
+        if module.check_mode or not changed:
+            module.exit_json(**result)
+
+        # apply: every check first, so a refused file leaves all of them as they were
+        def run_validate(command, path):
+            rc, out, err = module.run_command(shlex.split(command.replace("%s", shlex.quote(path))),
+                                              environ_update={"LANG": "C", "LC_ALL": "C"})
+            return rc, (out + err)
+        for item in changed:
+            service_files.check(item, run_validate)
+        for item in changed:
+            service_files.write(item)
+    except service_files.FilesError as exc:
+        module.fail_json(msg="service_files: %s" % exc, stderr=str(exc))
+    except OSError as exc:
+        module.fail_json(msg="service_files: writing %s failed (%s); run with become and check the folder"
+                             % (exc.filename, exc.strerror), stderr=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
