@@ -49,16 +49,23 @@ options:
             with the file's own name in a temporary folder. Run without a shell; exit 0 accepts.
         type: str
   secret_files:
-    description: Files holding secrets; same suboptions as O(files) but O(secret_files[].content) is never shown.
+    description:
+      - Files holding secrets (an API key); their content is O(secret_contents), never shown.
     type: list
     elements: dict
     default: []
     suboptions:
       path: {description: Absolute path of the file., type: path, required: true}
-      content: {description: The whole content (never logged or shown)., type: str, required: true, no_log: true}
       mode: {description: Octal mode as a string., type: str, default: "0600"}
       owner: {description: Owner name., type: str}
       group: {description: Group name., type: str}
+  secret_contents:
+    description:
+      - The whole content of each of O(secret_files), in the same order. A top-level option of its own so
+        that Ansible never logs it (a secret nested in a list would reach the host's journal).
+    type: list
+    elements: str
+    default: []
 author:
   - modelswap engineers
 """
@@ -73,7 +80,9 @@ EXAMPLES = r"""
         validate: systemd-analyze verify --man=no %s
       - {path: /etc/modelswap/vllm.env, content: "NCCL_DEBUG=WARN\n", mode: "0600"}
     secret_files:
-      - {path: /etc/modelswap/vllm.secret.env, content: "VLLM_API_KEY={{ vault_vllm_api_key }}\n"}
+      - {path: /etc/modelswap/vllm.secret.env, mode: "0600"}
+    secret_contents:
+      - "VLLM_API_KEY={{ vault_vllm_api_key }}\n"
   become: true
   register: slot_files
 """
@@ -106,7 +115,6 @@ FILE_OPTIONS = dict(
 )
 SECRET_OPTIONS = dict(
     path=dict(type="path", required=True),
-    content=dict(type="str", required=True, no_log=True),
     mode=dict(type="str", default="0600"),
     owner=dict(type="str"),
     group=dict(type="str"),
@@ -118,14 +126,19 @@ def main():
         argument_spec=dict(
             files=dict(type="list", elements="dict", default=[], options=FILE_OPTIONS),
             secret_files=dict(type="list", elements="dict", default=[], options=SECRET_OPTIONS),
+            secret_contents=dict(type="list", elements="str", default=[], no_log=True),
         ),
         supports_check_mode=True,
     )
     p = module.params
+    if len(p["secret_files"]) != len(p["secret_contents"]):
+        module.fail_json(msg="service_files: %d secret_files but %d secret_contents; give one content per file, "
+                             "in the same order" % (len(p["secret_files"]), len(p["secret_contents"])))
+    secrets = [dict(spec, content=content) for spec, content in zip(p["secret_files"], p["secret_contents"])]
     try:
         # plan: every file compared before any is written
         items = ([service_files.plan_file(f, secret=False) for f in p["files"]]
-                 + [service_files.plan_file(f, secret=True) for f in p["secret_files"]])
+                 + [service_files.plan_file(f, secret=True) for f in secrets])
         changed = [i for i in items if i["changed"]]
         result = {"changed": bool(changed), "files": [service_files.summary(i) for i in items],
                   "changed_paths": [i["path"] for i in changed]}

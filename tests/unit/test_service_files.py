@@ -20,7 +20,7 @@ OK_CHECK = "/bin/sh -c 'grep -q Service \"$1\"' check %s"
 def args(tmp_path, unit="[Service]\nExecStart=/bin/true\n", env="A=1\n", key=KEY, check=OK_CHECK):
     return {"files": [{"path": str(tmp_path / "x.service"), "content": unit, "mode": "0644", "validate": check},
                       {"path": str(tmp_path / "x.env"), "content": env, "mode": "0600"}],
-            "secret_files": [{"path": str(tmp_path / "x.secret.env"), "content": f'KEY="{key}"\n'}]}
+            "secret_files": [{"path": str(tmp_path / "x.secret.env")}], "secret_contents": [f'KEY="{key}"\n']}
 
 
 def tree(tmp_path) -> dict:
@@ -78,3 +78,8 @@ def test_a_file_its_check_refuses_changes_no_file(tmp_path):
 def test_bad_input_is_a_clear_error(spec, message):
     out = run_module("service_files", {"files": [spec]}, check_mode=True)
     assert out.get("failed") is True and message in out["msg"], out
+
+
+def test_a_secret_without_its_content_is_refused(tmp_path):
+    out = run_module("service_files", {"secret_files": [{"path": str(tmp_path / "k.env")}], "secret_contents": []})
+    assert out.get("failed") is True and "1 secret_files but 0 secret_contents" in out["msg"]
