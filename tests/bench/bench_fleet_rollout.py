@@ -60,7 +60,7 @@ while [ $# -gt 0 ]; do
 done
 case "$name" in *broken*) echo "RuntimeError: start (0) + length (256) exceeds dimension size (128)." >&2; exit 1 ;; esac
 [ -f "$path/config.json" ] || { echo "stand-in: no config.json in $path" >&2; exit 1; }
-exec /usr/bin/python3 /opt/modelswap-standin/simulator.py --host "$host" --port "$port" --model "$name" \
+exec /usr/bin/python3 "$(dirname "$0")/../simulator.py" --host "$host" --port "$port" --model "$name" \
   --api-key "$VLLM_API_KEY" --ttft-ms 20 --chunk-ms 5
 '''
 PREPARE_PLAY = """- name: Put a vLLM stand-in where the vllm_service role installs vLLM (bench_fleet_rollout.py)
@@ -69,12 +69,12 @@ PREPARE_PLAY = """- name: Put a vLLM stand-in where the vllm_service role instal
   tasks:
     - name: A virtualenv with huggingface_hub from the lab's wheelhouse
       ansible.builtin.pip:
-        name: [huggingface_hub, nvidia-ml-py]
+        name: [huggingface_hub]
         virtualenv: {venv}
         virtualenv_command: /usr/bin/python3 -m venv
         extra_args: --no-index --find-links {wheelhouse}
     - name: The simulator
-      ansible.builtin.copy: {{src: {simulator}, dest: /opt/modelswap-standin/simulator.py, mode: "0644"}}
+      ansible.builtin.copy: {{src: {simulator}, dest: {venv}/simulator.py, mode: "0644"}}
     - name: The stand-in vllm executable
       ansible.builtin.copy: {{src: {standin}, dest: {venv}/bin/vllm, mode: "0755"}}
     - name: The install fingerprint (the stand-in counts as vLLM 0.32.0+cpu)
@@ -109,10 +109,17 @@ def run(label: str, playbook: str, inventory: str, extra: dict, limit: str, chec
                 per_host[host]["excluded"] += float(data["duration"])
     hosts = {h: v for h, v in per_host.items() if h != "localhost"}
     outside = sorted(v["total"] - v["excluded"] for v in hosts.values())
+    slowest = defaultdict(float)
+    for ev in result.events:
+        data = ev.get("event_data") or {}
+        if ev.get("event", "").startswith("runner_on_") and data.get("duration") and data.get("host") != "localhost":
+            slowest[data.get("task", "?")] += float(data["duration"])
     print(f"{label}: rc {result.rc}, wall {wall:.1f} s, controller cpu {cpu:.1f} s "
           f"({cpu / max(1, len(hosts)):.2f} s per host); per host outside download/start/benchmark: "
           f"median {outside[len(outside) // 2] if outside else 0:.1f} s, max {outside[-1] if outside else 0:.1f} s",
           flush=True)
+    for task, secs in sorted(slowest.items(), key=lambda kv: -kv[1])[:6]:
+        print(f"    {secs / max(1, len(hosts)):6.2f} s per host  {task}")
     return {"result": result, "wall_s": wall, "cpu_s": cpu, "outside_s": outside}
 
 
@@ -137,9 +144,13 @@ def main() -> int:
                           if "modelswap_lab_wheelhouse:" in line)
         play.write_text(PREPARE_PLAY.format(venv=VENV, wheelhouse=wheelhouse, standin=work / "vllm",
                                             simulator=REPO / "tests/lab/simulator.py"))
-        run("prepare (stand-in, huggingface_hub)", str(play), args.inventory, {}, limit)
+        prep = run("prepare (stand-in, huggingface_hub)", str(play), args.inventory, {}, limit)
+        if prep["result"].rc != 0:
+            raise SystemExit(f"preparing the hosts failed: {prep['result'].failures()}")
     extra = {"modelswap_results_dir": str(work / "results"), "modelswap_benchmark": False}
     first = run("serve tiny-a everywhere", "migrate.yml", args.inventory, dict(extra, modelswap_serve="tiny-a"), limit)
+    if first["result"].rc != 0:
+        raise SystemExit(f"serving tiny-a failed: {first['result'].failures()}")
     preview = run("preview tiny-b", "migrate.yml", args.inventory, dict(extra, modelswap_serve="tiny-b"), limit,
                   check=True)
     # the fleet: the lab's hosts, the last one asked for tiny-broken, and a host nobody answers at
@@ -147,11 +158,13 @@ def main() -> int:
     inv.mkdir()
     (inv / "group_vars").symlink_to(inv_dir / "group_vars")
     (inv / "host_vars").mkdir()
-    (inv / "host_vars" / f"{hosts[-1]}.yml").write_text(json.dumps({"modelswap_serve": "tiny-broken"}))
+    for host in hosts:      # (an extra var would win over host variables)
+        target = "tiny-broken" if host == hosts[-1] else "tiny-b"
+        (inv / "host_vars" / f"{host}.yml").write_text(json.dumps({"modelswap_serve": target}))
     dark = text.split("ansible_host: ")[1].split(".")[:3]
     (inv / "hosts.yml").write_text(text + f"        gpu99:\n          ansible_host: {'.'.join(dark)}.250\n")
     fleet = run(f"migrate to tiny-b, serial {args.serial}, max_fail_percentage {args.max_fail}", "migrate.yml",
-                str(inv / "hosts.yml"), dict(extra, modelswap_serve="tiny-b", modelswap_serial=args.serial,
+                str(inv / "hosts.yml"), dict(extra, modelswap_serial=args.serial,
                                              modelswap_max_fail_percentage=args.max_fail),
                 f"{limit},gpu99,localhost")
     records = fleet["result"].custom_stats.get("modelswap_record", {})
