@@ -83,7 +83,8 @@ def _why_not(unit, names, bad_sources, avoid) -> str:
     return "; ".join(bad + failed) or "none has it"
 
 
-def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None, avoid=None) -> dict:
+def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None, avoid=None,
+                 first: int = 1) -> dict:
     """The per-host source plan and its rounds.
 
     ``hosts``: ``[{"name", "site", "store", "target", "verified", "bytes"}]`` in play order:
@@ -93,7 +94,8 @@ def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None
     ``fanout``: copies one source serves per round. ``hub_seeds``: hosts per site that download
     from the Hub when none of the site has the target. ``bad_sources``: ``{host: why}``, hosts
     that must not serve (a copy from them did not verify). ``avoid``: ``{receiver: [sources]}``,
-    sources a receiver already failed to copy from.
+    sources a receiver already failed to copy from. ``first``: the number of the first round (a
+    re-plan after round n counts from n + 1, so its lines name the rounds as the run does).
 
     Returns ``{"hosts": {name: {"host", "site", "store", "target", "source", "from", "round",
     "bytes", "line", "leader"}}, "rounds": [{"round", "hub": [names], "copies": [{"host", "from",
@@ -105,6 +107,8 @@ def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None
         raise PlanError("fanout must be 1 or more copies per source per round, got %r" % (fanout,))
     if isinstance(hub_seeds, bool) or not isinstance(hub_seeds, int) or hub_seeds < 1:
         raise PlanError("hub_seeds must be 1 or more hosts per site, got %r" % (hub_seeds,))
+    if isinstance(first, bool) or not isinstance(first, int) or first < 1:
+        raise PlanError("first must be a round number >= 1, got %r" % (first,))
     bad_sources = dict(bad_sources or {})
     avoid = {k: set(v or ()) for k, v in (avoid or {}).items()}
     clean = _hosts(hosts)
@@ -122,7 +126,7 @@ def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None
         for u in members:
             if u["verified"]:
                 fate[u["index"]] = (VERIFIED, None, 0, "")
-        number = 0
+        number = first - 1
         while need:
             number += 1
             step = rounds.setdefault(number, {"round": number, "hub": [], "copies": []})
@@ -202,9 +206,126 @@ def plan_sources(hosts, *, fanout: int = 1, hub_seeds: int = 1, bad_sources=None
               "peer_bytes": sum(s["peer_bytes"] for s in sites.values()),
               "hub_downloads": sum(len(s["hub"]) for s in sites.values()),
               "copies": sum(s["copies"] for s in sites.values()),
-              "rounds": len(ordered)}
+              "rounds": len(ordered), "last_round": max(rounds) if rounds else first - 1}
     return {"hosts": per_host, "rounds": ordered, "sites": sites, "totals": totals,
             "lines": ["%s: %s" % (h["name"], per_host[h["name"]]["line"]) for h in clean]}
+
+
+def plan_from_states(states, *, fanout: int = 1, hub_seeds: int = 1, first: int = 1) -> dict:
+    """plan_sources() over what each host of the run reports about itself, as the model_fetch role
+    keeps it per host: ``{"name", "site", "store", "target", "verified", "bytes", "avoid": [sources
+    it failed to copy from], "blamed": {source: why its copy did not verify}}``."""
+    if not isinstance(states, (list, tuple)):
+        raise PlanError("the hosts' states must be a list")
+    bad, avoid, rehashed = {}, {}, []
+    for s in states:
+        if not isinstance(s, dict):
+            raise PlanError("a host's state is not a mapping: %r" % (s,))
+        for source, why in (s.get("blamed") or {}).items():
+            bad.setdefault(source, why)
+        if s.get("avoid"):
+            avoid[s.get("name")] = list(s["avoid"])
+        if s.get("rehashed"):
+            rehashed.append(s.get("name"))
+    plan = plan_sources(states, fanout=fanout, hub_seeds=hub_seeds, bad_sources=bad, avoid=avoid, first=first)
+    plan["blamed"] = bad
+    plan["rehashed"] = rehashed
+    # a source blamed for a bad copy hashes its own files again (once) if it still claims them
+    plan["rehash"] = [s["name"] for s in states if s.get("name") in bad and s.get("verified")
+                      and s.get("name") not in rehashed]
+    plan["more"] = bool(plan["rounds"] or plan["rehash"])
+    return plan
+
+
+def host_round(plan: dict, host: str) -> dict:
+    """What ``host`` does in the plan's first round: ``{"round", "action", "from"}``, ``action`` one
+    of ``hub`` (download from the Hub), ``copy`` (from ``from``), ``rehash`` (its copy did not
+    verify at another host: hash its own files again), ``wait`` (a later round or a shared store
+    another host fills) or ``done`` (verified; no round left for it)."""
+    step = first_round(plan)
+    entry = plan["hosts"].get(host) or {}
+    if host in plan.get("rehash", ()):
+        return {"round": step["round"] or plan["totals"]["last_round"] + 1, "action": "rehash", "from": None}
+    if host in step["hub"]:
+        return {"round": step["round"], "action": "hub", "from": None}
+    for copy in step["copies"]:
+        if copy["host"] == host:
+            return {"round": step["round"], "action": "copy", "from": copy["from"]}
+    if entry.get("source") in (VERIFIED, None) or (entry.get("source") == STORE and not entry.get("round")):
+        return {"round": step["round"], "action": "done", "from": None}
+    return {"round": step["round"], "action": "wait", "from": None}
+
+
+# What a failed copy says about its source (cause -> what the receiver does next).
+BLAME = ("bad_copy", "source_incomplete")      # the source is bad: nobody copies from it again
+AVOID = ("copy_failed",)                       # this receiver tries another source
+RETRY = ("local_bad",)                         # its own blob was bad (now deleted): copy again
+
+
+def after_round(state: dict, step: dict, result=None, retries: int = 2) -> dict:
+    """A host's state after its part in a round, from the round's step (``host_round``) and the
+    module's result (peer_snapshot's for ``copy`` and ``rehash``; a ``hub`` host that reaches this
+    point has downloaded and verified). Adds ``got`` (where its bytes came from) on success, and
+    ``fail`` (the message to fail the host with) when no other source can help or it tried
+    ``retries`` + 1 times."""
+    new = dict(state)
+    result = result or {}
+    action = step.get("action")
+    if action == "hub":
+        new.update(verified=True, bytes=0, got={"source": HUB, "from": None, "round": step["round"],
+                                                "bytes": state.get("bytes", 0)})
+    elif action == "copy" and not result.get("failed"):
+        new.update(verified=True, bytes=0, got={"source": PEER, "from": step["from"], "round": step["round"],
+                                                "bytes": (result.get("copied") or {}).get("bytes", 0)})
+    elif action == "copy":
+        cause = result.get("cause") or "error"
+        source = step["from"]
+        new["attempts"] = int(state.get("attempts", 0)) + 1
+        new["bytes"] = (result.get("missing") or {}).get("bytes", state.get("bytes", 0))
+        new["errors"] = list(state.get("errors") or []) + ["round %s from %s: %s" % (
+            step["round"], source, result.get("msg") or cause)]
+        if cause in BLAME:
+            failures = (result.get("verification") or {}).get("failures") or []
+            what = ("its copy of %s did not verify at %s" % (failures[0]["path"], state["name"])
+                    if failures else "it lacks files of the snapshot (seen from %s)" % state["name"])
+            new["blamed"] = dict(state.get("blamed") or {}, **{source: what})
+        elif cause in AVOID:
+            new["avoid"] = list(state.get("avoid") or []) + [source]
+        if cause not in BLAME + AVOID + RETRY:
+            new["fail"] = result.get("msg") or "copy from %s failed (%s)" % (source, cause)
+        elif new["attempts"] > int(retries):
+            new["fail"] = "%s: %d copies failed, the last: %s" % (state["name"], new["attempts"],
+                                                                  result.get("msg") or cause)
+    elif action == "rehash":
+        new["rehashed"] = True
+        if result.get("failed"):
+            if result.get("cause") != "bad_content":
+                new["fail"] = result.get("msg") or "hashing again failed (%s)" % result.get("cause")
+            new.update(verified=False, bytes=(result.get("missing") or {}).get("bytes", 0))
+    return new
+
+
+def outcome_lines(states) -> list:
+    """What the run did, per host and in total: where each host's bytes came from."""
+    lines, hub, peer = [], 0, 0
+    for s in states:
+        got = s.get("got")
+        if got and got["source"] == HUB:
+            hub += got["bytes"]
+            lines.append("%s: from the Hub, %s (round %d)" % (s["name"], human_bytes(got["bytes"]), got["round"]))
+        elif got:
+            peer += got["bytes"]
+            lines.append("%s: from %s, %s (round %d)" % (s["name"], got["from"], human_bytes(got["bytes"]),
+                                                         got["round"]))
+        elif s.get("store"):
+            lines.append("%s: in the shared store %s" % (s["name"], s["store"]))
+        else:
+            lines.append("%s: already verified here" % s["name"])
+        if s.get("errors"):
+            lines[-1] += " after %d failed cop%s (%s)" % (len(s["errors"]), "y" if len(s["errors"]) == 1 else "ies",
+                                                          "; ".join(s["errors"]))
+    lines.append("in all: %s from the Hub, %s between hosts" % (human_bytes(hub), human_bytes(peer)))
+    return lines
 
 
 def source_line(entry: dict, unit_source: str) -> str:
