@@ -340,7 +340,9 @@ def main():
                 connect_timeout=p["connect_timeout"], io_timeout=p["io_timeout"], bwlimit=p["bwlimit"])
         result = peer_snapshot.run(p, copier=copier, check_mode=module.check_mode)
     except peer_snapshot.PeerError as exc:
-        module.fail_json(msg="%s: %s" % (ACTION, exc), cause=exc.cause, **dict(exc.result, changed=False))
+        # an undone copy or a rehash that dropped bad files changed the host
+        module.fail_json(msg="%s: %s" % (ACTION, exc), cause=exc.cause,
+                         **dict(exc.result, changed=bool(exc.result.get("removed"))))
     except OSError as exc:
         module.fail_json(msg="%s: %s of %s failed: %s; check the cache folder's permissions and free space"
                          % (ACTION, p["state"], p["repo_id"], exc), cause="error", exception=traceback.format_exc())

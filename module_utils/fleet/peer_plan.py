@@ -271,10 +271,12 @@ def after_round(state: dict, step: dict, result=None, retries: int = 2) -> dict:
     new = dict(state)
     result = result or {}
     action = step.get("action")
+    # the role registers these tasks with failed_when false: a failure is a cause, not "failed"
+    failed = bool(result.get("failed") or result.get("cause") or not result.get("verified"))
     if action == "hub":
         new.update(verified=True, bytes=0, got={"source": HUB, "from": None, "round": step["round"],
                                                 "bytes": state.get("bytes", 0)})
-    elif action == "copy" and not result.get("failed"):
+    elif action == "copy" and not failed:
         new.update(verified=True, bytes=0, got={"source": PEER, "from": step["from"], "round": step["round"],
                                                 "bytes": (result.get("copied") or {}).get("bytes", 0)})
     elif action == "copy":
@@ -298,7 +300,7 @@ def after_round(state: dict, step: dict, result=None, retries: int = 2) -> dict:
                                                                   result.get("msg") or cause)
     elif action == "rehash":
         new["rehashed"] = True
-        if result.get("failed"):
+        if failed:
             if result.get("cause") != "bad_content":
                 new["fail"] = result.get("msg") or "hashing again failed (%s)" % result.get("cause")
             new.update(verified=False, bytes=(result.get("missing") or {}).get("bytes", 0))

@@ -201,3 +201,81 @@ def test_two_hub_seeds_per_site():
     plan = plan_sources(fleet(6), hub_seeds=2)
     assert plan["rounds"][0]["hub"] == ["gpu1", "gpu2"]
     assert plan["totals"]["hub_downloads"] == 2 and plan["totals"]["rounds"] == 3
+
+
+# ------------------------------------------------------------------ a run's rounds (the role's filters)
+def state(name, verified=False, size=7 * MIB, **more):
+    return dict({"name": name, "site": "s1", "store": "", "target": T, "verified": verified,
+                 "bytes": 0 if verified else size, "attempts": 0, "avoid": [], "blamed": {}}, **more)
+
+
+def test_a_bad_copy_blames_the_source_which_hashes_itself_and_is_healed_from_a_good_one():
+    states = [state("gpu1", True), state("gpu2", True), state("gpu3"), state("gpu4")]
+    plan = peer_plan.plan_from_states(states)
+    steps = {h: peer_plan.host_round(plan, h) for h in ("gpu1", "gpu2", "gpu3", "gpu4")}
+    assert steps == {"gpu1": {"round": 1, "action": "done", "from": None},
+                     "gpu2": {"round": 1, "action": "done", "from": None},
+                     "gpu3": {"round": 1, "action": "copy", "from": "gpu1"},
+                     "gpu4": {"round": 1, "action": "copy", "from": "gpu2"}}
+    ok = {"changed": True, "failed": False, "verified": True, "copied": {"bytes": 7 * MIB}}
+    bad = {"changed": True, "failed": False, "verified": False, "cause": "bad_copy", "msg": "peer_snapshot: ...",
+           "missing": {"bytes": 7 * MIB}, "verification": {"failures": [{"path": "model.safetensors"}]}}
+    states[2] = peer_plan.after_round(states[2], steps["gpu3"], ok)
+    states[3] = peer_plan.after_round(states[3], steps["gpu4"], bad)
+    assert states[2]["got"] == {"source": "peer", "from": "gpu1", "round": 1, "bytes": 7 * MIB}
+    assert states[3]["blamed"] == {"gpu2": "its copy of model.safetensors did not verify at gpu4"}
+    assert states[3]["attempts"] == 1 and "fail" not in states[3]
+    plan = peer_plan.plan_from_states(states, first=2)
+    assert peer_plan.host_round(plan, "gpu2") == {"round": 2, "action": "rehash", "from": None}
+    assert peer_plan.host_round(plan, "gpu4") == {"round": 2, "action": "copy", "from": "gpu1"}
+    assert plan["hosts"]["gpu4"]["line"] == "from gpu1: 7.0 MiB (round 2)"
+    rot = {"failed": False, "verified": False, "cause": "bad_content", "missing": {"bytes": 6 * MIB}}
+    states[1] = peer_plan.after_round(states[1], {"round": 2, "action": "rehash", "from": None}, rot)
+    states[3] = peer_plan.after_round(states[3], {"round": 2, "action": "copy", "from": "gpu1"}, ok)
+    assert states[1]["verified"] is False and states[1]["rehashed"] and states[1]["bytes"] == 6 * MIB
+    plan = peer_plan.plan_from_states(states, first=3)
+    assert peer_plan.host_round(plan, "gpu2") == {"round": 3, "action": "copy", "from": "gpu1"}
+    assert plan["more"] and plan["totals"]["hub_bytes"] == 0
+    states[1] = peer_plan.after_round(states[1], {"round": 3, "action": "copy", "from": "gpu1"}, ok)
+    plan = peer_plan.plan_from_states(states, first=4)
+    assert not plan["more"] and all(peer_plan.host_round(plan, h)["action"] == "done" for h in plan["hosts"])
+    assert peer_plan.outcome_lines(states) == [
+        "gpu1: already verified here",
+        "gpu2: from gpu1, 7.0 MiB (round 3)",
+        "gpu3: from gpu1, 7.0 MiB (round 1)",
+        "gpu4: from gpu1, 7.0 MiB (round 2) after 1 failed copy (round 1 from gpu2: peer_snapshot: ...)",
+        "in all: 0 B from the Hub, 21.0 MiB between hosts",
+    ]
+
+
+@pytest.mark.parametrize("cause, attempts, retries, avoid, blamed, fails", [
+    ("copy_failed", 0, 2, ["gpu1"], {}, False),
+    ("source_incomplete", 0, 2, [], {"gpu1": "it lacks files of the snapshot (seen from gpu2)"}, False),
+    ("local_bad", 0, 2, [], {}, False),
+    ("copy_failed", 2, 2, ["gpu1"], {}, True),          # the third failure with retries 2
+    ("disk_full", 0, 2, [], {}, True),                  # no other source helps
+    ("no_rsync", 0, 2, [], {}, True),
+])
+def test_what_a_failed_copy_does_next(cause, attempts, retries, avoid, blamed, fails):
+    before = state("gpu2", attempts=attempts)
+    after = peer_plan.after_round(before, {"round": 1, "action": "copy", "from": "gpu1"},
+                                  {"failed": False, "verified": False, "cause": cause, "msg": "peer_snapshot: x"},
+                                  retries)
+    assert after["avoid"] == avoid and after["blamed"] == blamed
+    assert ("fail" in after) is fails
+    assert after["attempts"] == attempts + 1 and after["verified"] is False
+
+
+def test_a_hub_download_that_reached_the_next_task_verified_the_host():
+    after = peer_plan.after_round(state("gpu1"), {"round": 1, "action": "hub", "from": None})
+    assert after["verified"] and after["got"] == {"source": "hub", "from": None, "round": 1, "bytes": 7 * MIB}
+
+
+def test_a_store_member_waits_while_the_store_is_filled_and_is_done_after():
+    states = [state("gpu1", store="nfs"), state("gpu2", store="nfs")]
+    plan = peer_plan.plan_from_states(states)
+    assert peer_plan.host_round(plan, "gpu1")["action"] == "hub"
+    assert peer_plan.host_round(plan, "gpu2")["action"] == "wait"
+    states[0]["verified"] = states[1]["verified"] = True
+    plan = peer_plan.plan_from_states(states, first=2)
+    assert [peer_plan.host_round(plan, h)["action"] for h in ("gpu1", "gpu2")] == ["done", "done"]
