@@ -17,7 +17,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-
 from tests.lab import labctl
 from tests.lab.fixtures import Lab
 
@@ -66,27 +65,25 @@ def _handle(s: dict):
 
 @contextlib.contextmanager
 def peer_lab(hosts: int = 6):
-    """A Lab (tests/lab/fixtures.py) with ``hosts`` hosts of one site, SHARED mounting one store."""
+    """A Lab (tests/lab/fixtures.py) with ``hosts`` hosts (or more) of one site, SHARED mounting one store."""
     if os.geteuid() != 0:
         raise PeerLabError("the lab needs root")
     s = settings()
     handle, state = _handle(s)
-    reuse = bool(state) and len(state.get("hosts", {})) == hosts and \
+    reuse = bool(state) and len(state.get("hosts", {})) >= hosts and \
         list((state.get("shared") or {}).get("hosts", [])) == list(SHARED) and not labctl.healthy(handle, state)
     if state and not reuse and s["name"] == os.environ.get("MODELSWAP_LAB", "msl"):
         raise PeerLabError("lab %r is the main lab and has another shape; set MODELSWAP_PEERS_LAB to another name"
                            % s["name"])
-    if not reuse:
-        proc = _labctl(s, "up", "--hosts", str(hosts), "--shared-store", ",".join(SHARED))
-        if proc.returncode != 0:
-            raise PeerLabError("the peer lab %s did not come up:\n%s%s" % (s["name"], proc.stdout[-3000:],
-                                                                           proc.stderr[-3000:]))
-        handle, state = _handle(s)
-    else:
+    # `up` reuses a healthy lab of that shape (and writes its inventory where this module reads it)
+    proc = _labctl(s, "up", "--hosts", str(len(state["hosts"]) if reuse else hosts),
+                   "--shared-store", ",".join(SHARED))
+    if proc.returncode != 0:
+        raise PeerLabError("the peer lab %s did not come up:\n%s%s" % (s["name"], proc.stdout[-3000:],
+                                                                       proc.stderr[-3000:]))
+    handle, state = _handle(s)
+    if reuse:
         labctl.reset(handle, state)
-        # the inventory is written on `up`; a reused lab may have been brought up elsewhere
-        if not Path(s["inventory"]).exists():
-            _labctl(s, "up", "--hosts", str(hosts), "--shared-store", ",".join(SHARED))
     lab = Lab(handle, state)
     lab.inventory = Path(s["inventory"])
     try:
