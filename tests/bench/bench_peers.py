@@ -107,8 +107,8 @@ def main() -> int:
     print("| model | hosts | mode | wall (s) | from the Hub (MiB) | file bodies from the Hub | tasks per host |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print("| %s | %d | %s | %.1f | %.1f | %d | %.0f |" % (r["model"], r["hosts"], r["mode"], r["wall_s"],
-                                                            r["hub_bytes"] / 2**20, r["hub_gets"], r["tasks_per_host"]))
+        print("| %s | %d | %s | %.1f | %.1f | %d | %.0f |" % (
+            r["model"], r["hosts"], r["mode"], r["wall_s"], r["hub_bytes"] / 2**20, r["hub_gets"], r["tasks_per_host"]))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

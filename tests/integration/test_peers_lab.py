@@ -112,8 +112,8 @@ def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir):
     lines = {h: debug_msgs(preview, SHOW, h)[0] for h in SITE}
     assert lines["gpu1"].startswith("gpu1: tiny-b from the Hub: 6.8 MiB (round 1)")
     assert lines["gpu2"] == "gpu2: tiny-b from gpu1: 6.8 MiB (round 2)"
-    assert {lines["gpu3"], lines["gpu4"]} == {"gpu3: tiny-b from gpu1: 6.8 MiB (round 3)",
-                                             "gpu4: tiny-b from gpu2: 6.8 MiB (round 3)"}
+    assert {lines["gpu3"], lines["gpu4"]} == {
+        "gpu3: tiny-b from gpu1: 6.8 MiB (round 3)", "gpu4: tiny-b from gpu2: 6.8 MiB (round 3)"}
     assert bodies(lab, since, "lab/tiny-b") == []
     for host in SITE:
         assert lab.ssh(host, "test -e %s || echo absent" % workdir).stdout.strip() == "absent"

@@ -805,12 +805,11 @@ def reset(lab: Lab, state: dict | None = None) -> None:
     if state is None:
         raise LabError(f"lab '{lab.name}' is not up: run `make lab-up` first")
     shared = state.get("shared") or {}
-    procs = {host: subprocess.Popen(
-                 ssh_argv(lab, host) + ["shared=%s\n%s" % (
-                     shlex.quote(shared["in_host"]) if host in shared.get("hosts", []) else "''",
-                     RESET_HOST)],
-                 text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for host in state.get("hosts", {})}
+    procs = {}
+    for host in state.get("hosts", {}):
+        prefix = shlex.quote(shared["in_host"]) if host in shared.get("hosts", []) else "''"
+        procs[host] = subprocess.Popen(ssh_argv(lab, host) + ["shared=%s\n%s" % (prefix, RESET_HOST)],
+                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     failed = []
     for host, proc in procs.items():
         try:

@@ -133,7 +133,10 @@ def test_a_shared_stores_manifest_ignores_the_device_each_host_sees(tmp_path):
     rec = dict(hf_manifest.fingerprint(a.stat()), algo=algo, digest=digest)
     rec["dev"] += 1                               # as written by the other host of the store
     man = {"verify": "full", "files": {"a": rec}}
-    locate = lambda p: str(tmp_path / p)          # noqa: E731
+
+    def locate(p):
+        return str(tmp_path / p)
+
     assert hf_manifest.covers(man, wanted, locate, "full") == (False, ["a"])
     assert hf_manifest.covers(dict(man, store="nfs1"), wanted, locate, "full") == (True, [])
     assert hf_manifest.covers(man, wanted, locate, "full", same_device=False) == (True, [])
