@@ -287,7 +287,8 @@ def test_the_filters_hand_the_role_the_planner_and_name_bad_input():
 
     filters = fleet.FilterModule().filters()
     assert set(filters) == {"peer_plan", "peer_round", "peer_after", "peer_summary", "peer_outcome"}
-    plan = filters["peer_plan"](fleet_states := [state("gpu1"), state("gpu2")], "1", "1", "3")
+    fleet_states = [state("gpu1"), state("gpu2")]
+    plan = filters["peer_plan"](fleet_states, "1", "1", "3")
     assert filters["peer_round"](plan, "gpu1") == {"round": 3, "action": "hub", "from": None}
     assert filters["peer_summary"](plan)[-1].startswith("fleet: 2 host(s)")
     assert filters["peer_outcome"](fleet_states)[-1] == "in all: 0 B from the Hub, 0 B between hosts"
