@@ -368,14 +368,15 @@ class PeerJob:
             out["summary"] = self.summary(out, check_mode=True, needs_work=needs_work)
             return out
         if needs_work:
-            self.work(look, out)
+            needs_work = self.work(look, out)
         out["recorded"] = self.record(out)
         out["changed"] = needs_work or out["recorded"]
         out["summary"] = self.summary(out, needs_work=needs_work)
         return out
 
     # ------------------------------------------------------------------ the work, under the lock
-    def work(self, look: dict, out: dict) -> None:
+    def work(self, look: dict, out: dict) -> bool:
+        """Copy or rehash under the repository lock; False when another run did it meanwhile."""
         layout = self.layout
         lock = RepoLock(layout.lock_path)
         started = time.monotonic()
@@ -390,11 +391,12 @@ class PeerJob:
             out.update(verified=look["verified"], reason=look["reason"],
                        missing={"blobs": len(look["missing"]), "bytes": look["missing_bytes"]})
             if look["verified"] and not (self.state == "verified" and self.o["rehash"]):
-                return
+                return False
             if self.state == "copied":
                 self.copy(look, out)
             else:
                 self.rehash(look, out)
+            return True
         finally:
             lock.release()
 
