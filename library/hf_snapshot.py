@@ -181,6 +181,13 @@ options:
   record_name:
     description: The catalog name under which O(record) notes this snapshot.
     type: str
+  store:
+    description:
+      - The id of a model store that several hosts mount (NFS, Lustre, a shared SSD; the inventory's
+        C(modelswap_store)), or empty. The manifest records it, and its cheap check (one C(stat) per
+        file) then ignores the device number, which differs between the hosts that mount one export.
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full
@@ -292,6 +299,15 @@ bytes_received:
       a file was fetched again after a failed verification.
   returned: success
   type: int
+target_files:
+  description:
+    - The selected files as C([{path, size, etag}]) (C(etag) - the LFS sha256, else the git blob id),
+      the Hub's listing of the commit after patterns. A check-mode run on the controller gives the
+      expected list that modelswap.vllm.peer_snapshot verifies copies against.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"path": "config.json", "size": 652, "etag": "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"}]
 kept_blobs:
   description:
     - Blobs that cleaning a bad file left in place because another snapshot links to them or another
@@ -432,6 +448,7 @@ def main():
             progress_interval=dict(type="float", default=5.0),
             record=dict(type="path"),
             record_name=dict(type="str"),
+            store=dict(type="str", default=""),
         ),
         mutually_exclusive=[("cache_dir", "local_dir")],
         required_together=[("record", "record_name")],

@@ -578,7 +578,7 @@ DEFAULTS = dict(
     revision=DEFAULT_REVISION, cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
     use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
-    progress=None, http_endpoint_trusted=False, resolved_commit=None, listing=None,
+    progress=None, http_endpoint_trusted=False, resolved_commit=None, listing=None, store="",
 )
 
 
@@ -752,7 +752,7 @@ class SnapshotJob:
         (hub_trust) before anything uses it to build a path, and a bad one stops the run here,
         before anything is written or deleted.
         """
-        if self.manifest is not None:
+        if self.manifest is not None and not self._partial_listing(self.manifest):
             return self._trusted(self.manifest["listing"], "manifest",
                                  "the manifest %s" % self.manifest_file,
                                  "remove that manifest and run again (the files are verified again)")
@@ -779,6 +779,14 @@ class SnapshotJob:
             raise FetchError.from_hub(exc)
         self.listing_source = "hub"
         return self.listing
+
+    def _partial_listing(self, manifest) -> bool:
+        """A manifest written after a copy from a peer (peer_snapshot) lists only the files its
+        patterns selected: it is this run's listing only for the same patterns."""
+        if manifest.get("listing_scope") != "selected":
+            return False
+        mine = {"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None}
+        return manifest.get("patterns") != mine
 
     def _trusted(self, listing, source: str, what: str, fix: str) -> dict:
         try:
@@ -1112,6 +1120,8 @@ class SnapshotJob:
             verified=files, mode=self.o["verify"],
             patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},
             tool={"huggingface_hub": getattr(self.hf, "version", None), "module": "modelswap.vllm.hf_snapshot"})
+        if self.o["store"]:   # a store other hosts mount: they see other device numbers (hf_manifest.covers)
+            manifest["store"] = self.o["store"]
         started = time.monotonic()
         hf_manifest.atomic_write_json(self.manifest_file, manifest)
         self.timings["manifest_s"] = time.monotonic() - started
