@@ -212,3 +212,37 @@ def test_two_hosts_of_a_shared_store_download_once_and_a_purge_spares_what_the_o
     assert by_repo.rc != 0 and "is protected" in by_repo.stdout and snapshot in by_repo.stdout
     for host in STORE_HOSTS:
         assert lab.ssh(host, "test -e %s/config.json && echo kept" % snapshot).stdout.strip() == "kept"
+
+
+def test_the_migrations_preview_says_where_each_hosts_bytes_come_from(plab, workdir, tmp_path):
+    """migrate.yml --check with peers: per host, the plan's download step names its source (the
+    Hub, a peer of its site, the shared store another host fills) and the bytes it takes itself;
+    the site and the store are each counted once, and nothing is downloaded."""
+    from pathlib import Path
+    from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
+    lab = plab
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(Path(lab.inventory).read_text())
+    (inv / "group_vars").symlink_to(peerlab.labctl.REPO / "inventory" / "lab" / "group_vars")
+    since = mark(lab)
+    for host in SITE:        # the site's hosts plan a store of their own that does not hold tiny-b yet
+        lab.ssh(host, "rm -rf /var/lib/modelswap/hf/hub/models--lab--tiny-b", check=False)
+    out = runner.preview(str(inv / "hosts.yml"), serve="tiny-b", extra_vars={
+        "modelswap_models": catalog(lab), "model_fetch_peers": True,
+        "modelswap_results_dir": str(tmp_path / "results")})
+    assert out["ok"], out["run"]["failures"]
+    fetch = {h: {s["step"]: s for s in out["plan"][h]["steps"]}["fetch"] for h in lab.hosts}
+    assert fetch["gpu1"]["source"] == "hub" and fetch["gpu1"]["bytes"] == 7116181
+    assert "from the Hub" in fetch["gpu1"]["text"]
+    assert {fetch[h]["source"] for h in SITE[1:]} == {"peer"}
+    assert fetch["gpu2"]["source_host"] == "gpu1" and "from gpu1" in fetch["gpu2"]["text"]
+    # the store's two hosts: one fills it (from the Hub or a peer), the other takes nothing itself;
+    # or an earlier test of this module filled it already
+    store = sorted(STORE_HOSTS, key=lambda h: fetch[h]["bytes"])
+    if fetch[store[1]]["bytes"]:
+        assert fetch[store[0]]["source"] == "store" and fetch[store[0]]["bytes"] == 0
+        assert "in the shared store" in fetch[store[0]]["text"] and fetch[store[1]]["bytes"] == 7116181
+    else:
+        assert all(fetch[h]["text"] == "already downloaded and verified" for h in STORE_HOSTS)
+    assert bodies(lab, since, "lab/tiny-b") == []

@@ -262,3 +262,51 @@ def test_a_failed_task_is_charged_to_the_step_last_started():
     assert failure_of(marks, {"name": "Start the download"}, {"msg": "gated"}) == {
         "step": "fetch", "task": "Start the download", "msg": "gated"}
     assert failure_of({}, None, {"stderr": "boom"}) == {"step": "preflight", "task": "", "msg": "boom"}
+
+
+# ------------------------------------------------------------------------------------------
+# The fleet-wide part of the plan: peers' sources and shared stores' protections (issue 19).
+# ------------------------------------------------------------------------------------------
+from ansible_collections.modelswap.vllm.plugins.filter.migrate import fleet_plan  # noqa: E402
+
+C_OLD, C_NEW = "a" * 40, "b" * 40
+MODELS2 = {"old": {"repo_id": "org/old"}, "new": {"repo_id": "org/new"}, "other": {"repo_id": "org/other"}}
+
+
+def host(serve="new", verified=False, nbytes=1000, store="", site="s1", serves="old", purge=None):
+    read = {"fetch": {"commit": C_NEW, "verified": verified, "would_fetch": {"bytes": 0 if verified else nbytes}},
+            "service": {"deployment": {"model": serves, "repo_id": MODELS2[serves]["repo_id"], "commit": C_OLD}},
+            "purge": {"items": purge} if purge else None}
+    return {"__migrate_read": read, "modelswap_serve": serve, "modelswap_models": MODELS2,
+            "modelswap_site": site, "modelswap_store": store}
+
+
+def test_with_peers_one_host_of_a_site_downloads_and_the_others_copy():
+    hv = {"g1": host(), "g2": host(), "g3": host(), "g4": host(verified=True, nbytes=0)}
+    out = fleet_plan(["g1", "g2", "g3", "g4"], hv, True)
+    sources = {h: (v["source"]["source"], v["source"].get("from")) for h, v in out["hosts"].items()}
+    assert sources["g4"] == ("verified", None)
+    assert sorted(s for s, _ in sources.values()) == ["peer", "peer", "peer", "verified"]  # g4 has it: no Hub
+    assert out["sources"]["totals"]["hub_bytes"] == 0
+
+
+def test_a_shared_store_keeps_what_another_of_its_hosts_serves():
+    hv = {"g5": host(store="nfs1", serves="old", purge=["org/other@" + C_OLD]),
+          "g6": host(store="nfs1", serves="other"),
+          "g7": host(store="", serves="other", purge=["org/other"])}
+    out = fleet_plan(["g5", "g6", "g7"], hv)
+    assert "org/other@" + C_OLD in out["stores"]["nfs1"]
+    problem = out["hosts"]["g5"]["store_problem"]
+    assert problem.startswith("model_purge: org/other@%s is in the shared store nfs1, where g6 serves it (other)" % C_OLD)
+    assert "store_problem" not in out["hosts"]["g6"] and "store_problem" not in out["hosts"]["g7"]   # g7: own disk
+    assert "sources" not in out
+
+
+def test_the_plan_takes_the_hosts_source_and_counts_a_store_once():
+    source = {"source": "store", "from": None, "round": 1, "bytes": 0, "line": "in the shared store nfs1, which g5 fills from the Hub (round 1)"}
+    out = planned(fleet={"source": source})
+    fetch = {s["step"]: s for s in out["plan"]["steps"]}["fetch"]
+    assert fetch["bytes"] == 0 and fetch["source"] == "store"
+    assert fetch["text"].endswith("which g5 fills from the Hub (round 1)")
+    refused = planned(fleet={"store_problem": "model_purge: org/x is in the shared store nfs1"})
+    assert refused["failure"]["step"] == "purge" and "shared store nfs1" in refused["failure"]["msg"]
