@@ -32,6 +32,16 @@ attributes:
     support: full
     details: One diff per changed file; a secret file's only says that it changes.
 options:
+  directories:
+    description: Folders the files live in, created (with missing parents, 0755) and given their mode and owner first.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Absolute path of the folder., type: path, required: true}
+      mode: {description: Octal mode as a string (C("0755")); unset keeps the folder's or uses 0755., type: str}
+      owner: {description: Owner name., type: str}
+      group: {description: Group name., type: str}
   files:
     description: Files whose content may be shown in diffs.
     type: list
@@ -93,8 +103,13 @@ files:
   returned: success
   type: list
   elements: dict
+directories:
+  description: Per folder, whether it was created or changed (or would be).
+  returned: success
+  type: list
+  elements: dict
 changed_paths:
-  description: The paths that changed (or would).
+  description: The paths (folders and files) that changed (or would).
   returned: success
   type: list
   elements: str
@@ -113,6 +128,12 @@ FILE_OPTIONS = dict(
     group=dict(type="str"),
     validate=dict(type="str"),
 )
+DIR_OPTIONS = dict(
+    path=dict(type="path", required=True),
+    mode=dict(type="str"),
+    owner=dict(type="str"),
+    group=dict(type="str"),
+)
 SECRET_OPTIONS = dict(
     path=dict(type="path", required=True),
     mode=dict(type="str", default="0600"),
@@ -124,6 +145,7 @@ SECRET_OPTIONS = dict(
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            directories=dict(type="list", elements="dict", default=[], options=DIR_OPTIONS),
             files=dict(type="list", elements="dict", default=[], options=FILE_OPTIONS),
             secret_files=dict(type="list", elements="dict", default=[], options=SECRET_OPTIONS),
             secret_contents=dict(type="list", elements="str", default=[], no_log=True),
@@ -136,15 +158,19 @@ def main():
                              "in the same order" % (len(p["secret_files"]), len(p["secret_contents"])))
     secrets = [dict(spec, content=content) for spec, content in zip(p["secret_files"], p["secret_contents"])]
     try:
-        # plan: every file compared before any is written
+        # plan: every folder and file compared before any is written
+        folders = [service_files.plan_directory(d) for d in p["directories"]]
         items = ([service_files.plan_file(f, secret=False) for f in p["files"]]
                  + [service_files.plan_file(f, secret=True) for f in secrets])
+        changed_folders = [d for d in folders if d["changed"]]
         changed = [i for i in items if i["changed"]]
-        result = {"changed": bool(changed), "files": [service_files.summary(i) for i in items],
-                  "changed_paths": [i["path"] for i in changed]}
-        if module._diff and changed:
-            result["diff"] = [service_files.diff_of(i, module.check_mode) for i in changed]
-        if module.check_mode or not changed:
+        result = {"changed": bool(changed or changed_folders),
+                  "directories": [service_files.summary(d) for d in folders],
+                  "files": [service_files.summary(i) for i in items],
+                  "changed_paths": [i["path"] for i in changed_folders + changed]}
+        if module._diff and result["changed"]:
+            result["diff"] = [service_files.diff_of(i, module.check_mode) for i in changed_folders + changed]
+        if module.check_mode or not result["changed"]:
             module.exit_json(**result)
 
         # apply: every check first, so a refused file leaves all of them as they were
@@ -154,6 +180,8 @@ def main():
             return rc, (out + err)
         for item in changed:
             service_files.check(item, run_validate)
+        for folder in changed_folders:
+            service_files.make_directory(folder)
         for item in changed:
             service_files.write(item)
     except service_files.FilesError as exc:

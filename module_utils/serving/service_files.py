@@ -73,8 +73,41 @@ def plan_file(spec: dict, secret: bool) -> dict:
             "gid": gid, "before": have, "after": want, "validate": spec.get("validate") or ""}
 
 
+def plan_directory(spec: dict) -> dict:
+    """What ensuring the directory ``spec`` (path, mode, owner, group) changes on this host."""
+    path = spec["path"]
+    if not os.path.isabs(path):
+        raise FilesError("directory %r is not absolute; give the full path" % path)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise FilesError("%s exists and is not a directory; remove it or choose another path" % path)
+    mode = int(spec["mode"], 8) if spec.get("mode") else None
+    uid, gid = ids_of(spec.get("owner"), spec.get("group"))
+    exists = os.path.isdir(path)
+    attrs = False
+    if exists:
+        st = os.stat(path)
+        attrs = ((mode is not None and (st.st_mode & 0o7777) != mode)
+                 or (uid is not None and st.st_uid != uid) or (gid is not None and st.st_gid != gid))
+    return {"path": path, "directory": True, "exists": exists, "changed": not exists or attrs,
+            "mode": mode, "uid": uid, "gid": gid}
+
+
+def make_directory(item: dict) -> None:
+    """Create a planned directory (and missing parents, 0755) and set its mode and owner."""
+    path = item["path"]
+    if not item["exists"]:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    if item["uid"] is not None or item["gid"] is not None:
+        os.chown(path, -1 if item["uid"] is None else item["uid"], -1 if item["gid"] is None else item["gid"])
+    if item["mode"] is not None:
+        os.chmod(path, item["mode"])
+
+
 def diff_of(item: dict, check_mode: bool) -> dict:
     """One diff entry for the callback (a secret file's says only that it changes)."""
+    if item.get("directory"):
+        return {"prepared": "%s: directory %s\n" % (item["path"], ("would be " if check_mode else "") + (
+            "created" if not item["exists"] else "given its mode and owner"))}
     if item["secret"]:
         return {"prepared": SECRET_NOTE % (item["path"], "would change" if check_mode else "changed")}
     return {"before_header": item["path"] if item["exists"] else "%s (absent)" % item["path"],
@@ -84,6 +117,8 @@ def diff_of(item: dict, check_mode: bool) -> dict:
 
 def summary(item: dict) -> dict:
     """What the result says of a file (no content, no checksum of a secret)."""
+    if item.get("directory"):
+        return {"path": item["path"], "changed": item["changed"], "created": not item["exists"], "directory": True}
     out = {"path": item["path"], "changed": item["changed"], "created": not item["exists"],
            "content_changed": item["content_changed"], "secret": item["secret"]}
     if not item["secret"]:

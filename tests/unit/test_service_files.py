@@ -83,3 +83,19 @@ def test_bad_input_is_a_clear_error(spec, message):
 def test_a_secret_without_its_content_is_refused(tmp_path):
     out = run_module("service_files", {"secret_files": [{"path": str(tmp_path / "k.env")}], "secret_contents": []})
     assert out.get("failed") is True and "1 secret_files but 0 secret_contents" in out["msg"]
+
+
+def test_folders_are_created_with_their_mode_first_and_then_left_alone(tmp_path):
+    spec = {"directories": [{"path": str(tmp_path / "etc" / "saved"), "mode": "0700"}],
+            "files": [{"path": str(tmp_path / "etc" / "saved" / "unit"), "content": "x\n", "mode": "0600"}]}
+    check = run_module("service_files", spec, check_mode=True, diff=True)
+    assert check["changed"] is True and not (tmp_path / "etc").exists()
+    assert "directory would be created" in check["diff"][0]["prepared"]
+    out = run_module("service_files", spec)
+    assert out["changed"] is True and stat.S_IMODE((tmp_path / "etc" / "saved").stat().st_mode) == 0o700
+    assert (tmp_path / "etc" / "saved" / "unit").read_text() == "x\n"
+    again = run_module("service_files", spec)
+    assert again["changed"] is False and again["changed_paths"] == []
+    (tmp_path / "blocked").write_text("a file where a folder should be")
+    bad = run_module("service_files", {"directories": [{"path": str(tmp_path / "blocked")}]}, check_mode=True)
+    assert bad.get("failed") is True and "exists and is not a directory" in bad["msg"]
