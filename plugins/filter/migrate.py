@@ -120,8 +120,10 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                  if download else "already downloaded and verified")}
     if source and download:
         own = int(source.get("bytes") or 0)
+        line = source.get("line") or {"hub": "from the Hub", "peer": f"from {source.get('from')}",
+                                      "store": "in the shared store"}.get(source.get("source"), "")
         fetch_step.update(source=source.get("source"), source_host=source.get("from"), round=source.get("round"),
-                          bytes=own, text=f"{nfiles} file(s), {human_bytes(download)} {source.get('line')}")
+                          bytes=own, text=f"{nfiles} file(s) {line}".rstrip())
     steps.append(fetch_step)
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")
@@ -220,7 +222,7 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
                         settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
                         dict(install_result, enabled=install_on), fleet.get("source") or None)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
-            "service": service_result, "rendered": dict(expected or {})}
+            "service": service_result, "rendered": dict(expected or {}), "source": fleet.get("source")}
 
 
 def _item_repo(item: str):
