@@ -100,6 +100,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     steps.append({"step": "preflight", "title": "Check disk space and plan cleanup",
                   "text": (f"free {human_bytes(free)}; needs {human_bytes(needed)}; verdict "
                            f"{disk['verdict']}" if plan else "not reached"), **disk})
+    by = _get(purge, "by")
     steps.append({
         "step": "purge", "title": "Delete what the plan frees",
         "items": [{"name": i.get("name") or i.get("repo_id") or i.get("path"),
@@ -107,7 +108,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                    "bytes": i.get("bytes", i.get("frees_bytes"))} for i in removed if isinstance(i, dict)],
         "bytes": purge_bytes,
         "text": (f"delete {len(removed)} item(s), freeing {human_bytes(purge_bytes)}"
-                 if removed else "nothing to delete")})
+                 if removed else f"the shared store's purge is {by}'s" if by else "nothing to delete")})
     eta = (download / download_rate) if download and download_rate else None
     fetch_step = {
         "step": "fetch", "title": f"Download and verify {target}",
@@ -215,10 +216,13 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     order = ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
     problems.sort(key=lambda p: order.index(p["step"]) if p["step"] in order else len(order))
     failure = dict(problems[0], task="plan") if problems else None
-    todo = {"install": install_result["changed"], "purge": read.get("purge") is not None,
+    purge = read.get("purge")
+    if fleet.get("purge_by") and purge is not None:     # a shared store is purged by one of its hosts
+        purge = {"removed": [], "planned_bytes": 0, "by": fleet["purge_by"]}
+    todo = {"install": install_result["changed"], "purge": purge is not None and not purge.get("by"),
             "fetch": not fetch.get("verified", False), "configure": configure, "swap": swap,
             "drift": drift + ([] if secret_ok is not False else ["API key file"])}
-    plan = migrate_plan(target, disk or None, read.get("purge"), fetch, service_result,
+    plan = migrate_plan(target, disk or None, purge, fetch, service_result,
                         settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
                         dict(install_result, enabled=install_on), fleet.get("source") or None)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
@@ -238,7 +242,8 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1) -> d
     """The fleet-wide part of the plan, from every host's read (migrate_facts): with peers, where
     each host's bytes come from (the planner model_fetch's download follows: fleet/peer_plan.py);
     on a shared store (modelswap_store), the purge items another host of the store serves or
-    targets, which no host of the store may delete. {"hosts": {name: {"source", "store_problem"}},
+    targets, which no host of the store may delete, and the one host that purges it (its first);
+    {"hosts": {name: {"source", "store_problem", "purge_by"}},
     "sources": the peer plan, "stores": {store: [protected repo@commit]}}."""
     from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_plan as planner
     reads, stores = {}, {}
@@ -260,6 +265,13 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1) -> d
                 keep[(target["repo_id"], _get(read, "fetch", "commit"))] = (name, "targets", values.get("modelswap_serve"))
     out = {"hosts": {name: {} for name in reads}, "stores": {
         store: sorted("%s@%s" % key for key in keep) for store, keep in stores.items()}}
+    leaders = {}
+    for name, (values, _read) in reads.items():      # the store's first host purges it, the others not
+        store = values.get("modelswap_store") or ""
+        if store:
+            leader = leaders.setdefault(store, name)
+            if leader != name:
+                out["hosts"][name]["purge_by"] = leader
     for name, (values, read) in reads.items():
         store = values.get("modelswap_store") or ""
         for item in (_get(read, "purge", "items") or []) if store else []:

@@ -310,3 +310,15 @@ def test_the_plan_takes_the_hosts_source_and_counts_a_store_once():
     assert fetch["text"].endswith("which g5 fills from the Hub (round 1)")
     refused = planned(fleet={"store_problem": "model_purge: org/x is in the shared store nfs1"})
     assert refused["failure"]["step"] == "purge" and "shared store nfs1" in refused["failure"]["msg"]
+
+
+def test_a_shared_store_is_purged_by_its_first_host_only():
+    hv = {"g5": host(store="nfs1", purge=["org/x"]), "g6": host(store="nfs1", purge=["org/x"]), "g7": host()}
+    out = fleet_plan(["g5", "g6", "g7"], hv)
+    assert "purge_by" not in out["hosts"]["g5"] and out["hosts"]["g6"]["purge_by"] == "g5"
+    assert "purge_by" not in out["hosts"]["g7"]
+    planned_g6 = planned({"purge": {"items": ["org/x"], "removed": [{"name": "x", "bytes": 5}], "planned_bytes": 5}},
+                         fleet={"purge_by": "g5"})
+    assert planned_g6["todo"]["purge"] is False
+    purge = {s["step"]: s for s in planned_g6["plan"]["steps"]}["purge"]
+    assert purge["text"] == "the shared store's purge is g5's" and purge["bytes"] == 0
