@@ -29,7 +29,9 @@ description:
     plus C(vllm:num_requests_waiting) of O(served_model_name), read from C(/metrics), stay 0 for
     O(idle_settle) seconds - so a server taken out of its load balancer is stopped only after its
     last request ended. A server that refuses the connection has nothing in flight (RV(server_absent)).
-    It reads at least once, so O(timeout=0) returns what is in flight now (what a preview shows).
+    It reads at least once, so O(timeout=0) with O(idle_settle=0) returns what is in flight now
+    (what a preview shows); a settle that began before the deadline may end after it, by
+    O(idle_settle) at most.
 extends_documentation_fragment:
   - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes

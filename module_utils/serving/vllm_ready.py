@@ -784,7 +784,9 @@ def wait_until_idle(params: dict, budget: dict, *, clock=time.monotonic, sleep=t
     0 for ``idle_settle`` seconds (a request spends a moment in the API server before the engine
     counts it, and its last chunks leave after the engine is done with it). A server that refuses
     the connection has nothing in flight (idle at once, ``server_absent``). One reading at least,
-    whatever the budget: with ``timeout: 0`` the result says what is in flight now.
+    whatever the budget: with ``timeout: 0`` the result says what is in flight now. A settle
+    that began within the budget may end after it (by ``idle_settle`` at most): a server seen idle
+    at the deadline is not reported busy.
 
     Returns (result, failure message or None); the message only with fail_when_not_ready.
     """
@@ -823,6 +825,8 @@ def wait_until_idle(params: dict, budget: dict, *, clock=time.monotonic, sleep=t
             else:
                 idle_since = None
         remaining = budget["seconds"] - (clock() - start)
+        if idle_since is not None:          # settling: at most idle_settle past the deadline
+            remaining = max(remaining, idle_since + settle - clock())
         if remaining <= 0:
             stopped_by = "timeout"
             break

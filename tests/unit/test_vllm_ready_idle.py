@@ -121,6 +121,8 @@ IDLE_CASES = {
         "vllm_ready: tiny-a on http://127.0.0.1:8000 still had requests in flight after 2.0 s (budget 2.0 s): "
         "3 running, 1 waiting (4 running, 2 waiting when the wait began). Raise the timeout, or find the "
         "clients that reach the server without the load balancer"),
+    "idle seen before the deadline settles past it (by idle_settle at most)": (
+        [c(1), c(0)], {"timeout": 0.5}, True, 1.5, 4, c(1), c(0), None),
     "timeout 0 reads once: what is in flight now": (
         [c(2)], {"timeout": 0.0, "fail_when_not_ready": False}, False, 0.0, 1, c(2), c(2), None),
     "no /metrics: final at once": (
@@ -210,7 +212,7 @@ def test_the_module_waits_for_idle_against_a_local_server():
         assert out["in_flight"] == {"running": 2, "waiting": 1} and out["in_flight_last"] == {"running": 0, "waiting": 0}
         assert out["samples"] >= 4 and server.hits == out["samples"]
         # check mode reads the same (it only reads)
-        snap = run_module("vllm_ready", {"state": "idle", "port": server.port, "timeout": 0,
+        snap = run_module("vllm_ready", {"state": "idle", "port": server.port, "timeout": 0, "idle_settle": 0,
                                          "fail_when_not_ready": False}, check_mode=True)
         assert snap["samples"] == 1 and snap["in_flight"] == {"running": 0, "waiting": 0}
     finally:
