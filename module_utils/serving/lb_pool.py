@@ -196,14 +196,18 @@ def _in_flight_text(counts, absent=False) -> str:
 
 def pool_result(action: str, view: dict, *, check_mode: bool = False, now: float = 0.0, changed: bool = False,
                 before: dict | None = None, after: dict | None = None, idle: dict | None = None,
-                drain: dict | None = None, timeout: float | None = None, lb_type: str | None = None) -> dict:
+                drain: dict | None = None, timeout: float | None = None, lb_type: str | None = None,
+                out_at: float | None = None, sessions_left: int | None = None) -> dict:
     """The fact an entry point publishes (lb_pool_result; lb_pool_results[action]).
 
     action: pool, drain or rejoin. view: pool_view of the pool read before the action (or, for a
     rejoin, after it). before / after: {"status"} of the server as the change saw it before and
     after (community.general.haproxy's state_before / state_after). idle:
-    vllm_ready state=idle's result (drain). drain: the host's drain result (rejoin: how long it
-    was out). now: the controller's epoch seconds. timeout: the bound the action waits with.
+    vllm_ready state=idle's result (drain; None when the wait gave up before it). drain: the
+    host's drain result (rejoin: how long it was out). now: the controller's epoch seconds.
+    timeout: the bound the action waits with. out_at: epoch seconds when the drain took the
+    server out. sessions_left: the load balancer's sessions on the server when its wait ended
+    (HAProxy), 0 when they all ended.
     """
     lb_type = lb_type or view.get("type") or "none"
     this = view.get("this") or {}
@@ -234,27 +238,36 @@ def pool_result(action: str, view: dict, *, check_mode: bool = False, now: float
         return out
     if action == "drain":
         idle = idle or {}
+        out["sessions_at_start"] = this.get("sessions")
         out["in_flight_at_start"] = idle.get("in_flight")
-        out["drain_seconds"] = _seconds(idle.get("elapsed"))
-        out["idle"] = bool(idle.get("ready")) if idle else None
         out["serving_after"] = view.get("would_stay")
         if check_mode:
-            out["status_after"] = out["status_before"]
-            out["out_since"] = None
+            out.update(status_after=out["status_before"], out_since=None, drain_seconds=None, idle=None,
+                       sessions_left=None)
+            lb_now = "%s on the load balancer, " % out["sessions_at_start"] if lb_type == "haproxy" else ""
             out["message"] = (
                 "would take %s out of %s (%s now; %d of %d serving, %d would stay, floor %d) and wait up to "
-                "%s s for its requests in flight (%s now)"
+                "%s s for its requests in flight (%s%s now)"
                 % (name, pool, out["status_before"], view.get("serving", 0), view.get("total", 0),
-                   view.get("would_stay", 0), view.get("min_serving", 0),
-                   _secs_text(timeout), _in_flight_text(idle.get("in_flight"), idle.get("server_absent"))))
+                   view.get("would_stay", 0), view.get("min_serving", 0), _secs_text(timeout), lb_now,
+                   _in_flight_text(idle.get("in_flight"), idle.get("server_absent"))))
             return out
         out["status_after"] = (after or {}).get("status")
-        out["out_since"] = round(float(now) - float(idle.get("elapsed") or 0), 3) if now else None
-        if idle.get("server_absent"):
+        out["out_since"] = round(float(out_at), 3) if out_at else None
+        out["drain_seconds"] = round(float(now) - float(out_at), 1) if (out_at and now) else None
+        out["sessions_left"] = sessions_left
+        vllm_idle = bool(idle.get("ready"))
+        out["idle"] = vllm_idle and not sessions_left
+        if sessions_left:
+            waited = ("%d request(s) still in flight on the load balancer after %s s: they end when the "
+                      "server stops" % (sessions_left, _secs_text(out["drain_seconds"])))
+        elif idle.get("server_absent"):
             waited = "nothing answered on its vLLM port: nothing was in flight"
-        elif idle.get("ready"):
-            waited = "its requests in flight (%s) ended in %s s" % (
-                _in_flight_text(idle.get("in_flight")), _secs_text(out["drain_seconds"]))
+        elif vllm_idle:
+            lb_start = ("%s on the load balancer; " % out["sessions_at_start"]
+                        if out["sessions_at_start"] is not None else "")
+            waited = "its requests in flight (%s%s) ended in %s s" % (
+                lb_start, _in_flight_text(idle.get("in_flight")), _secs_text(out["drain_seconds"]))
         else:
             waited = "requests still in flight after %s s (%s): they end when the server stops" % (
                 _secs_text(out["drain_seconds"]), _in_flight_text(idle.get("in_flight_last")))
@@ -280,11 +293,19 @@ def pool_result(action: str, view: dict, *, check_mode: bool = False, now: float
         out["rejoin_seconds"] = this.get("lastchg") if lb_type == "haproxy" else None
         out["message"] = "%s back in %s (%s -> %s%s%s; %d of %d serving)" % (
             name, pool, out["status_before"] or "?", out["status_after"],
-            ", UP after %s s" % _secs_text(out["rejoin_seconds"]) if out["rejoin_seconds"] is not None else "",
+            (", UP within 1 s" if out["rejoin_seconds"] < 1 else ", UP after %s s" % _secs_text(out["rejoin_seconds"]))
+            if out["rejoin_seconds"] is not None else "",
             ", out of the pool for %s s" % _secs_text(out["seconds_out"]) if out["seconds_out"] is not None else "",
             view.get("serving", 0), view.get("total", 0))
         return out
     raise PoolError("lb_pool: unknown action %r (pool, drain or rejoin)" % action)
+
+
+def haproxy_sessions(text: str, backend: str, server: str) -> int:
+    """The sessions HAProxy holds on one server now (its requests in flight, streams included);
+    0 when the server is not listed."""
+    this = next((s for s in haproxy_servers(text, backend) if s["name"] == server), None)
+    return int(this["sessions"] or 0) if this else 0
 
 
 def rejoin_failure(view: dict, timeout) -> str:

@@ -43,6 +43,11 @@ def lb_pool_result(view, action, **kwargs):
     return lb_pool.pool_result(action, view, **kwargs)
 
 
+def lb_pool_haproxy_sessions(text, backend, server):
+    """The sessions HAProxy holds on one server now (its requests in flight)."""
+    return lb_pool.haproxy_sessions(text, backend, server)
+
+
 def lb_pool_rejoin_failure(view, timeout):
     """The message of a rejoin the load balancer did not confirm."""
     return lb_pool.rejoin_failure(view, timeout)
@@ -55,5 +60,6 @@ class FilterModule:
             ("lb_pool_hook_servers", lb_pool_hook_servers),
             ("lb_pool_view", lb_pool_view),
             ("lb_pool_result", lb_pool_result),
+            ("lb_pool_haproxy_sessions", lb_pool_haproxy_sessions),
             ("lb_pool_rejoin_failure", lb_pool_rejoin_failure),
         )}

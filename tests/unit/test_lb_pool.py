@@ -111,7 +111,8 @@ def test_hook_servers(value, expected):
 def test_hook_servers_that_break_the_contract(value, told):
     with pytest.raises(AnsibleFilterError) as err:
         F["lb_pool_hook_servers"](value)
-    assert str(err.value).startswith("the state hook (lb_pool_state_tasks) must set lb_pool_hook_servers") and told in str(err.value)
+    assert str(err.value).startswith("the state hook (lb_pool_state_tasks) must set lb_pool_hook_servers")
+    assert told in str(err.value)
 
 
 def servers(**statuses):
@@ -190,27 +191,46 @@ RESULTS = {
     "drain, check mode": (dict(action="drain", check_mode=True, timeout=300, idle=dict(IDLE, elapsed=0.0)),
                           view_of(gpu1="UP", gpu2="UP"), {
         "changed": False, "check_mode": True, "status_after": "UP", "out_since": None, "serving_after": 1,
+        "drain_seconds": None, "sessions_at_start": 0,
         "message": "would take gpu1 out of pool vllm (UP now; 2 of 2 serving, 1 would stay, floor 1) and wait up "
-                   "to 300 s for its requests in flight (2 running, 1 waiting now)"}),
+                   "to 300 s for its requests in flight (0 on the load balancer, 2 running, 1 waiting now)"}),
     "drain, check mode, nothing listens": (dict(action="drain", check_mode=True, timeout=300,
                                                 idle={"ready": True, "elapsed": 0, "in_flight": None,
                                                       "server_absent": True}),
                                            view_of(gpu1="DOWN", gpu2="UP"), {
         "message": "would take gpu1 out of pool vllm (DOWN now; 1 of 2 serving, 1 would stay, floor 1) and wait up "
-                   "to 300 s for its requests in flight (nothing answers on its vLLM port now)"}),
-    "drain": (dict(action="drain", changed=True, after={"status": "MAINT"}, idle=IDLE, timeout=300),
-              view_of(gpu1="UP", gpu2="UP"), {
+                   "to 300 s for its requests in flight (0 on the load balancer, nothing answers on its vLLM port "
+                   "now)"}),
+    "drain": (dict(action="drain", changed=True, after={"status": "MAINT"}, idle=IDLE, timeout=300,
+                   out_at=NOW - 3.24, sessions_left=0),
+              F["lb_pool_view"](F["lb_pool_haproxy_servers"](csv_text(("gpu1", "UP", 3), "gpu2"), "vllm"),
+                                "gpu1", 1, ["gpu1"], "vllm"), {
         "changed": True, "status_before": "UP", "status_after": "MAINT", "drain_seconds": 3.2,
+        "sessions_at_start": 3, "sessions_left": 0,
         "in_flight_at_start": {"running": 2, "waiting": 1}, "idle": True, "out_since": NOW - 3.24,
         "message": "gpu1 out of pool vllm (UP -> MAINT; 1 of 2 still serving); its requests in flight "
-                   "(2 running, 1 waiting) ended in 3.2 s"}),
-    "drain that proceeds with requests in flight": (
-        dict(action="drain", changed=True, after={"status": "MAINT"},
-             idle=dict(IDLE, ready=False, elapsed=300.0, in_flight_last={"running": 1, "waiting": 0})),
+                   "(3 on the load balancer; 2 running, 1 waiting) ended in 3.2 s"}),
+    "drain that proceeds with requests in flight on vLLM": (
+        dict(action="drain", changed=True, after={"status": "MAINT"}, out_at=NOW - 300.0, sessions_left=0,
+             idle=dict(IDLE, ready=False, elapsed=290.0, in_flight_last={"running": 1, "waiting": 0})),
         view_of(gpu1="UP", gpu2="UP"), {
             "idle": False,
             "message": "gpu1 out of pool vllm (UP -> MAINT; 1 of 2 still serving); requests still in flight after "
                        "300 s (1 running, 0 waiting): they end when the server stops"}),
+    "drain that proceeds with sessions left on the load balancer": (
+        dict(action="drain", changed=True, after={"status": "MAINT"}, out_at=NOW - 300.0, sessions_left=2,
+             idle=None),
+        view_of(gpu1="UP", gpu2="UP"), {
+            "idle": False, "sessions_left": 2, "in_flight_at_start": None,
+            "message": "gpu1 out of pool vllm (UP -> MAINT; 1 of 2 still serving); 2 request(s) still in flight on "
+                       "the load balancer after 300 s: they end when the server stops"}),
+    "drain of a host where nothing listens": (
+        dict(action="drain", changed=True, after={"status": "MAINT"}, out_at=NOW - 1.0, sessions_left=0,
+             idle={"ready": True, "elapsed": 0.0, "in_flight": None, "server_absent": True}),
+        view_of(gpu1="DOWN", gpu2="UP"), {
+            "idle": True,
+            "message": "gpu1 out of pool vllm (DOWN -> MAINT; 1 of 2 still serving); nothing answered on its vLLM "
+                       "port: nothing was in flight"}),
     "rejoin, check mode after a drain": (dict(action="rejoin", check_mode=True, timeout=120,
                                               drain={"status_after": "UP", "out_since": None}),
                                          view_of(gpu1="UP", gpu2="UP"), {
@@ -223,6 +243,13 @@ RESULTS = {
                                                                "vllm"), "gpu1", 1, [], "vllm"), {
         "changed": True, "status_before": "MAINT", "status_after": "UP", "seconds_out": 61.3, "rejoin_seconds": 2,
         "message": "gpu1 back in pool vllm (MAINT -> UP, UP after 2 s, out of the pool for 61.3 s; 2 of 2 serving)"}),
+    "rejoin confirmed within a second": (
+        dict(action="rejoin", changed=True, before={"status": "MAINT"}, timeout=120,
+             drain={"status_after": "MAINT", "out_since": NOW - 24.0}),
+        F["lb_pool_view"](F["lb_pool_haproxy_servers"](csv_text(("gpu1", "UP", 0, 1, "L7OK", 0), "gpu2"), "vllm"),
+                          "gpu1", 1, [], "vllm"), {
+            "rejoin_seconds": 0, "seconds_out": 24.0,
+            "message": "gpu1 back in pool vllm (MAINT -> UP, UP within 1 s, out of the pool for 24 s; 2 of 2 serving)"}),
 }
 
 
@@ -249,6 +276,11 @@ def test_type_none_says_so_and_changes_nothing(action, says):
     result = F["lb_pool_result"](view, action, changed=True, now=NOW)
     assert result["message"] == "no load balancer (lb_pool_type: none): gpu1 " + says
     assert result["changed"] is False and result["type"] == "none" and result["servers"] == []
+
+
+def test_haproxy_sessions():
+    text = csv_text(("gpu1", "MAINT", 4), ("gpu2", "UP", 1))
+    assert [F["lb_pool_haproxy_sessions"](text, "vllm", h) for h in ("gpu1", "gpu2", "gpu9")] == [4, 1, 0]
 
 
 def test_rejoin_failure_message():
