@@ -623,11 +623,16 @@ def lb_command(lab: Lab, command: str, timeout: float = 5) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def lb_rows(lab: Lab) -> dict[str, dict]:
+    """{server: its `show stat` row} of the lab's backend (status, scur, lbtot, lastchg, ...)."""
+    rows = csv.DictReader(lb_command(lab, "show stat").lstrip("# ").splitlines())
+    return {r["svname"]: r for r in rows
+            if r.get("pxname") == LB_BACKEND and r.get("svname") not in ("FRONTEND", "BACKEND")}
+
+
 def lb_servers(lab: Lab) -> dict[str, str]:
     """{server: status} of the lab's backend, from the runtime API's `show stat`."""
-    rows = csv.DictReader(lb_command(lab, "show stat").lstrip("# ").splitlines())
-    return {r["svname"]: r["status"] for r in rows
-            if r.get("pxname") == LB_BACKEND and r.get("svname") not in ("FRONTEND", "BACKEND")}
+    return {name: row["status"] for name, row in lb_rows(lab).items()}
 
 
 def lb_problems(lab: Lab, state: dict) -> list[str]:
