@@ -24,6 +24,7 @@ table-tested in tests/unit/test_lb_pool.py.
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
 
 # HAProxy's server statuses that receive new requests: "UP", "UP 1/3" (up, a check failed:
 # going down), "no check" (no health check: always up). "NOLB", "DRAIN", "MAINT", "DOWN" and
@@ -59,9 +60,14 @@ def haproxy_admin(status: str) -> str:
     return "ready"
 
 
-def haproxy_servers(text: str, backend: str, source: str = "the stats") -> list:
+def haproxy_servers(text, backend: str, source: str = "the stats") -> list:
     """The servers of ``backend`` in HAProxy's stats CSV (the stats page's ``;csv`` or the
-    runtime API's ``show stat``), in the configuration's order."""
+    runtime API's ``show stat``), in the configuration's order. ``text`` may also be the result
+    of the ansible.builtin.uri read of the stats page (its status is checked, its content read)."""
+    if isinstance(text, Mapping):
+        if text.get("status") != 200:
+            raise PoolError("cannot read %s: %s" % (source, text.get("msg") or "HTTP %s" % text.get("status")))
+        text = text.get("content")
     if not isinstance(text, str) or not text.strip():
         raise PoolError("%s answered nothing: is it HAProxy's stats page (its URL ends in ;csv)?" % source)
     rows = list(csv.DictReader(text.lstrip("# ").splitlines()))
@@ -301,7 +307,7 @@ def pool_result(action: str, view: dict, *, check_mode: bool = False, now: float
     raise PoolError("lb_pool: unknown action %r (pool, drain or rejoin)" % action)
 
 
-def haproxy_sessions(text: str, backend: str, server: str) -> int:
+def haproxy_sessions(text, backend: str, server: str) -> int:
     """The sessions HAProxy holds on one server now (its requests in flight, streams included);
     0 when the server is not listed."""
     this = next((s for s in haproxy_servers(text, backend) if s["name"] == server), None)

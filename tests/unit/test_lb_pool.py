@@ -115,6 +115,21 @@ def test_hook_servers_that_break_the_contract(value, told):
     assert told in str(err.value)
 
 
+def test_haproxy_servers_from_the_uri_result():
+    """The role hands the filter uri's registered result: its status is checked, its content read."""
+    ok = {"status": 200, "content": csv_text("gpu1"), "msg": "OK (unknown bytes)"}
+    assert [s["name"] for s in F["lb_pool_haproxy_servers"](ok, "vllm", "http://lb:8404/stats;csv")] == ["gpu1"]
+    assert F["lb_pool_haproxy_sessions"](dict(ok, content=csv_text(("gpu1", "MAINT", 2))), "vllm", "gpu1") == 2
+    refused = {"status": -1, "msg": "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] "
+                                    "Connection refused>"}
+    with pytest.raises(AnsibleFilterError) as err:
+        F["lb_pool_haproxy_servers"](refused, "vllm", "http://lb:8404/stats;csv")
+    assert str(err.value) == ("cannot read http://lb:8404/stats;csv: Status code was -1 and not [200]: Request "
+                              "failed: <urlopen error [Errno 111] Connection refused>")
+    with pytest.raises(AnsibleFilterError, match=r"^cannot read the stats: HTTP 503$"):
+        F["lb_pool_haproxy_servers"]({"status": 503}, "vllm")
+
+
 def servers(**statuses):
     return F["lb_pool_haproxy_servers"](csv_text(*[(n, s) for n, s in statuses.items()]), "vllm")
 
