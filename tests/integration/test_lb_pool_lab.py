@@ -48,6 +48,7 @@ FAST = {"lb_pool_poll_interval": 0.5, "lb_pool_idle_settle": 0.5, "lb_pool_rejoi
 
 def start_sim(lab, host: str) -> None:
     """The simulator on the host's vLLM port, answering as tiny-a (a transient unit)."""
+    stop_sim(lab, host)                 # one an interrupted run left
     code = base64.b64encode((labctl.REPO / "tests" / "lab" / "simulator.py").read_bytes()).decode()
     lab.ssh(host, f"echo {code} | base64 -d > /root/lbsim.py && systemd-run --quiet --unit={SIM_UNIT} "
                   f"/usr/bin/python3 /root/lbsim.py --host {lab.address(host)} --port {PORT} --model tiny-a "
