@@ -20,7 +20,7 @@ description:
     RV(reason)) - a partial read would evict what it read first.
   - Bounded in time by O(timeout); measures the bytes read, the seconds and the rate.
   - Run it after the download and verification, before the stop. It changes no file and no
-    setting (the page cache is the kernel's), so it reports RV(changed=false).
+    setting (the page cache is the kernel's), so it reports no change.
 extends_documentation_fragment:
   - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes

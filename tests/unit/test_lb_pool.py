@@ -254,8 +254,8 @@ RESULTS = {
                    "the load balancer says it serves"}),
     "rejoin": (dict(action="rejoin", changed=True, before={"status": "MAINT"}, timeout=120,
                     drain={"status_after": "MAINT", "out_since": NOW - 61.26}),
-               F["lb_pool_view"](F["lb_pool_haproxy_servers"](csv_text(("gpu1", "UP", 0, 1, "L7OK", 2), "gpu2"),
-                                                               "vllm"), "gpu1", 1, [], "vllm"), {
+               F["lb_pool_view"](F["lb_pool_haproxy_servers"](csv_text(("gpu1", "UP", 0, 1, "L7OK", 2), "gpu2"), "vllm"),
+                                 "gpu1", 1, [], "vllm"), {
         "changed": True, "status_before": "MAINT", "status_after": "UP", "seconds_out": 61.3, "rejoin_seconds": 2,
         "message": "gpu1 back in pool vllm (MAINT -> UP, UP after 2 s, out of the pool for 61.3 s; 2 of 2 serving)"}),
     "rejoin confirmed within a second": (
