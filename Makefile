@@ -8,6 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 LAB ?= msl
 LAB_HOSTS ?= 2
+# Hosts that mount one shared model store, e.g. LAB_SHARED_STORE=gpu3,gpu4 (empty: none).
+LAB_SHARED_STORE ?=
 export MODELSWAP_LAB := $(LAB)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -37,7 +39,7 @@ deps: ## host packages the lab needs (systemd-nspawn, debootstrap, zstd, haproxy
 	  && command -v haproxy >/dev/null || tests/lab/apt_install.sh systemd-container debootstrap zstd haproxy
 
 lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM wheelhouse
-	$(LABCTL) up --hosts $(LAB_HOSTS)
+	$(LABCTL) up --hosts $(LAB_HOSTS) $(if $(LAB_SHARED_STORE),--shared-store $(LAB_SHARED_STORE))
 
 lab-down: venv ## stop and remove the lab (keeps the download caches)
 	$(LABCTL) down

@@ -257,8 +257,6 @@ timings:
   type: dict
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
@@ -268,16 +266,12 @@ ACTION = "disk_plan"
 
 ARGUMENT_SPEC = dict(
     store_context.STORE_ARGS,
+    **store_context.PLAN_ARGS,
     target_bytes=dict(type="int"),
     endpoint=dict(type="str"),
     token=dict(type="str", no_log=True),
     http_endpoint_trusted=dict(type="bool", default=False),
-    headroom=dict(type="str", default="5%"),
-    candidates=dict(type="list", elements="str"),
-    clean_orphans=dict(type="bool", default=True),
-    download_rate=dict(type="str"),
     fail_on_does_not_fit=dict(type="bool", default=False),
-    allow_missing_store=dict(type="bool", default=False),
 )
 
 
@@ -285,45 +279,20 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
                            required_one_of=[("cache_dir", "models_dir"), ("target", "target_bytes")])
     p = module.params
-    timings = {}
     if p["target_bytes"] is not None and p["target_bytes"] < 0:
         module.fail_json(msg="%s: target_bytes %d is negative: give the bytes the target needs (0 or more)"
                              % (ACTION, p["target_bytes"]))
     try:
-        # read: the options, the store, its file system, the target's files, what the host serves
-        rate = disk_plan.parse_bytes(p["download_rate"], "download_rate") if p["download_rate"] else 0
-        store, timings["scan_s"] = store_context.scan(p, ACTION)
-        fs = store_context.fs_info(store_context.store_fs_path(p, store))
-        headroom = disk_plan.parse_headroom(p["headroom"], fs["total_bytes"])
-        entry = disk_plan.catalog_entry(p["models"], p["target"], "target") if p["target"] else None
-        started = time.monotonic()
-        target, listed = disk_plan.read_target(
-            store, entry, name=p["target"], target_bytes=p["target_bytes"], block_size=fs["block_size"],
-            endpoint=p["endpoint"], token=p["token"], http_endpoint_trusted=p["http_endpoint_trusted"])
-        timings["hub_s"] = time.monotonic() - started
-        started = time.monotonic()
-        state = store_context.host_state(p, store, ACTION, HostCommands.of(module),
-                                         target_commit=target.get("commit") or "")
-        for warning in state["warnings"]:
-            module.warn(warning)
-        # plan
-        result = disk_plan.disk_plan(
-            store, fs, state, target=target, listed_files=listed["files"] if listed else [],
-            candidates=p["candidates"], models=p["models"], headroom_bytes=headroom, download_rate=rate,
-            clean_orphans=p["clean_orphans"], allow_served_purge=p["allow_served_purge"],
-            orphan_in_use=disk_plan.orphan_in_use(store))
+        result, warnings, _store, _state = store_context.plan(p, ACTION, HostCommands.of(module))
     except store_context.StoreError as exc:
         module.fail_json(msg=str(exc))
     except disk_plan.PlanError as exc:
         module.fail_json(msg="%s: %s" % (ACTION, exc))
-    timings["plan_s"] = time.monotonic() - started
-    result["timings"] = {k: round(v, 4) for k, v in timings.items()}
-    # result
-    for warning in disk_plan.store_warnings(store):
+    for warning in warnings:
         module.warn(warning)
     if p["fail_on_does_not_fit"] and result["verdict"] == "does_not_fit":
         result.pop("changed")
-        module.fail_json(msg=disk_plan.does_not_fit_message(p["target"], fs["path"], result["reason"]),
+        module.fail_json(msg=disk_plan.does_not_fit_message(p["target"], result["filesystem"]["path"], result["reason"]),
                          changed=False, **result)
     module.exit_json(**result)
 

@@ -62,6 +62,20 @@ options:
       - 40 lowercase hex digits, else the module fails before any request; when O(revision) is itself a
         commit it must be the same one. Unset or empty, the revision is resolved here.
     type: str
+  listing:
+    description:
+      - The commit's file list as listed already, e.g. once on the controller for a whole fleet - the
+        C(listing) another hf_snapshot returned with O(return_listing) (C(commit) and C(files)). The module
+        then asks the Hub for no file list; every path and blob id in it is checked as a Hub listing is.
+      - Used only when its commit is the one to fetch (O(resolved_commit) or a pinned O(revision)); a
+        verified manifest still comes first.
+    type: dict
+  return_listing:
+    description:
+      - Return the selected files of the commit as C(listing), for another hf_snapshot's O(listing) or a
+        plan (the migrate role lists each target once on the controller this way, in check mode).
+    type: bool
+    default: false
   cache_dir:
     description:
       - The Hugging Face hub cache to download into (the folder holding C(models--org--name)).
@@ -167,6 +181,13 @@ options:
   record_name:
     description: The catalog name under which O(record) notes this snapshot.
     type: str
+  store:
+    description:
+      - The id of a model store that several hosts mount (NFS, Lustre, a shared SSD; the inventory's
+        C(modelswap_store)), or empty. The manifest records it, and its cheap check (one C(stat) per
+        file) then ignores the device number, which differs between the hosts that mount one export.
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full
@@ -278,6 +299,15 @@ bytes_received:
       a file was fetched again after a failed verification.
   returned: success
   type: int
+target_files:
+  description:
+    - The selected files as C([{path, size, etag}]) (C(etag) - the LFS sha256, else the git blob id),
+      the Hub's listing of the commit after patterns. A check-mode run on the controller gives the
+      expected list that modelswap.vllm.peer_snapshot verifies copies against.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"path": "config.json", "size": 652, "etag": "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"}]
 kept_blobs:
   description:
     - Blobs that cleaning a bad file left in place because another snapshot links to them or another
@@ -321,6 +351,13 @@ orphans_removed:
   returned: success
   type: list
   elements: dict
+listing:
+  description: The selected files of the commit, as the Hub listed them (path to size, blob id, LFS sha256).
+  returned: when return_listing is true
+  type: dict
+  contains:
+    commit: {description: The commit., type: str}
+    files: {description: "Path to C({size, blob_id, lfs_sha256}).", type: dict}
 would_fetch:
   description: In check mode, what a real run would fetch and verify.
   returned: check_mode
@@ -339,7 +376,9 @@ summary:
   type: str
   sample: "lab/tiny-a@8976b449...: 9 files, 2.3 MiB; downloaded 9 files (2.3 MiB) in 0.8 s (12.1 MB/s); verified full (9 files); /var/..."
 listing_source:
-  description: Where the commit's file list came from, C(manifest), C(tree_cache) (huggingface_hub's) or C(hub).
+  description: >-
+    Where the commit's file list came from, C(manifest), C(given) (O(listing)), C(tree_cache)
+    (huggingface_hub's) or C(hub).
   returned: success
   type: str
 resolved_by:
@@ -385,6 +424,8 @@ def main():
             repo_id=dict(type="str", required=True),
             revision=dict(type="str", default=DEFAULT_REVISION),
             resolved_commit=dict(type="str"),
+            listing=dict(type="dict"),
+            return_listing=dict(type="bool", default=False),
             cache_dir=dict(type="path"),
             local_dir=dict(type="path"),
             allow_patterns=dict(type="list", elements="str"),
@@ -407,6 +448,7 @@ def main():
             progress_interval=dict(type="float", default=5.0),
             record=dict(type="path"),
             record_name=dict(type="str"),
+            store=dict(type="str", default=""),
         ),
         mutually_exclusive=[("cache_dir", "local_dir")],
         required_together=[("record", "record_name")],

@@ -35,6 +35,13 @@ options:
   results_file:
     description: The async job's results file (C(results_file) of the task started with C(poll=0)).
     type: path
+  wait:
+    description:
+      - Seconds to wait on the host for the download to finish before answering (checked every half
+        second); the answer comes as soon as it finishes. A loop that polls every N seconds with
+        O(wait=N) and no pause prints a line every N seconds and ends with the download.
+    type: float
+    default: 0
 seealso:
   - module: modelswap.vllm.hf_snapshot
 author:
@@ -105,7 +112,7 @@ eta_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import read_progress
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import wait_progress
 
 
 def main():
@@ -114,11 +121,14 @@ def main():
             path=dict(type="path", required=True),
             progress_id=dict(type="str", default=""),
             results_file=dict(type="path"),
+            wait=dict(type="float", default=0.0),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    info = read_progress(p["path"], p["progress_id"], p["results_file"] or "")
+    if p["wait"] < 0:
+        module.fail_json(msg="hf_snapshot_progress: wait must be 0 or more seconds, got %s" % p["wait"])
+    info = wait_progress(p["path"], p["progress_id"], p["results_file"] or "", p["wait"])
     info.pop("id", None)
     module.exit_json(changed=False, **info)
 

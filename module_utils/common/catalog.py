@@ -123,6 +123,23 @@ def selection_problems(models, name, keep=()) -> list:
     return problems
 
 
+def target_refusals(models, name, keep=()) -> list:
+    """Why a run cannot migrate to ``name`` (keeping ``keep``), as the operator reads it: an unknown
+    target, its entry's problems, unknown keep names (the sentences preflight and the migration's
+    preview fail with; empty: it can)."""
+    names = ", ".join(sorted(map(str, models))) if isinstance(models, dict) else ""
+    if not isinstance(models, dict) or not models or name not in models:
+        return ["unknown model name %r (modelswap_serve): the catalog modelswap_models has %s; add it to the "
+                "catalog or fix modelswap_serve" % (name, names or "no models")]
+    out = []
+    problems = entry_problems(name, models[name])
+    if problems:
+        out.append("catalog entry %r is invalid: %s; nothing was changed" % (name, "; ".join(problems)))
+    out.extend("unknown model name %r in modelswap_keep: the catalog has %s" % (k, names)
+               for k in (keep or []) if k not in models)
+    return out
+
+
 def normalized(name, entry) -> dict:
     """The entry with its defaults: revision ``main``, served_model_name the catalog name, no
     vllm_args; the download's patterns only when the entry has them (absent: every file). Call

@@ -29,6 +29,8 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil impor
 
 FORMAT = "modelswap.hf_snapshot/1"
 MODE_RANK = {"size": 1, "full": 2}
+FINGERPRINT_KEYS = ("size", "ino", "dev", "mtime_ns")
+SHARED_FINGERPRINT_KEYS = ("size", "ino", "mtime_ns")
 
 
 class ManifestError(Exception):
@@ -98,14 +100,17 @@ def read_manifest(path: str, repo_id: str, commit: str):
     return data
 
 
-def covers(manifest, wanted: dict, locate, mode: str) -> tuple:
+def covers(manifest, wanted: dict, locate, mode: str, same_device: bool = True) -> tuple:
     """Whether ``manifest`` vouches for every file in ``wanted`` ({path: tree entry}).
 
     ``locate(path)`` gives the file to stat (symlinks are followed). Returns
     ``(ok, stale_paths)``: ``stale_paths`` lists the files that must be verified again.
+    The device number is compared too, except for a manifest of a shared store (its ``store``
+    key) or with ``same_device=False``: each host that mounts one NFS export sees its own.
     """
     if manifest is None:
         return False, sorted(wanted)
+    keys = FINGERPRINT_KEYS if same_device and not manifest.get("store") else SHARED_FINGERPRINT_KEYS
     strong_enough = MODE_RANK.get(manifest.get("verify"), 0) >= MODE_RANK[mode]
     stale = []
     files = manifest["files"]
@@ -127,7 +132,8 @@ def covers(manifest, wanted: dict, locate, mode: str) -> tuple:
         except OSError:
             stale.append(path)
             continue
-        if fingerprint(st) != {k: rec.get(k) for k in ("size", "ino", "dev", "mtime_ns")}:
+        now = fingerprint(st)
+        if {k: now[k] for k in keys} != {k: rec.get(k) for k in keys}:
             stale.append(path)
     return not stale, sorted(stale)
 

@@ -578,7 +578,7 @@ DEFAULTS = dict(
     revision=DEFAULT_REVISION, cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
     use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
-    progress=None, http_endpoint_trusted=False, resolved_commit=None,
+    progress=None, http_endpoint_trusted=False, resolved_commit=None, listing=None, store="",
 )
 
 
@@ -664,6 +664,17 @@ class SnapshotJob:
         if given is not None and hub_client.is_commit(self.revision) and given != self.revision:
             raise FetchError("resolved_commit %s contradicts revision %s, itself a commit; pass one of them"
                              % (given, self.revision), "bad_option")
+        listing = self.o["listing"]
+        if listing is not None:
+            commit = listing.get("commit") if isinstance(listing, dict) else None
+            if not (isinstance(commit, str) and hub_client.is_commit(commit)
+                    and isinstance(listing.get("files"), dict)):
+                raise FetchError("listing must be hf_snapshot's returned listing ({commit: <40 hex>, files: "
+                                 "{path: entry}}), got %s; pass that result or leave it unset"
+                                 % type(listing).__name__, "bad_option")
+            if commit != (given or (self.revision if hub_client.is_commit(self.revision) else commit)):
+                raise FetchError("listing is of commit %s, not of the revision %s to fetch (resolved_commit %s); "
+                                 "list the same commit" % (commit, self.revision, given), "bad_option")
         try:
             hub_client.refuse_insecure(self.o["endpoint"], bool(self.token) and not self.o["offline"],
                                        bool(self.o["http_endpoint_trusted"]), "fetch %s" % self.repo_id)
@@ -734,16 +745,21 @@ class SnapshotJob:
         self.manifest = hf_manifest.read_manifest(self.manifest_file, self.repo_id, self.commit)
 
     def load_listing(self) -> dict:
-        """The commit's files: from the manifest, huggingface_hub's tree cache, or the Hub.
+        """The commit's files: from the manifest, the caller (the ``listing`` option: the controller
+        listed them once for a fleet), huggingface_hub's tree cache, or the Hub.
 
         The one place where a file list enters the job: every path and blob id in it is checked
         (hub_trust) before anything uses it to build a path, and a bad one stops the run here,
         before anything is written or deleted.
         """
-        if self.manifest is not None:
+        if self.manifest is not None and not self._partial_listing(self.manifest):
             return self._trusted(self.manifest["listing"], "manifest",
                                  "the manifest %s" % self.manifest_file,
                                  "remove that manifest and run again (the files are verified again)")
+        given = self.o["listing"]
+        if given is not None and given["commit"] == self.commit:
+            return self._trusted(given["files"], "given", "the given listing",
+                                 "list the commit again (hf_snapshot in check mode with return_listing)")
         try:
             cached = hub_client.cached_listing(self.layout.tree_roots, self.repo_id, self.commit)
         except hub_client.HubError as exc:
@@ -763,6 +779,14 @@ class SnapshotJob:
             raise FetchError.from_hub(exc)
         self.listing_source = "hub"
         return self.listing
+
+    def _partial_listing(self, manifest) -> bool:
+        """A manifest written after a copy from a peer (peer_snapshot) lists only the files its
+        patterns selected: it is this run's listing only for the same patterns."""
+        if manifest.get("listing_scope") != "selected":
+            return False
+        mine = {"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None}
+        return manifest.get("patterns") != mine
 
     def _trusted(self, listing, source: str, what: str, fix: str) -> dict:
         try:
@@ -1096,6 +1120,8 @@ class SnapshotJob:
             verified=files, mode=self.o["verify"],
             patterns={"allow": self.o["allow_patterns"] or None, "ignore": self.o["ignore_patterns"] or None},
             tool={"huggingface_hub": getattr(self.hf, "version", None), "module": "modelswap.vllm.hf_snapshot"})
+        if self.o["store"]:   # a store other hosts mount: they see other device numbers (hf_manifest.covers)
+            manifest["store"] = self.o["store"]
         started = time.monotonic()
         hf_manifest.atomic_write_json(self.manifest_file, manifest)
         self.timings["manifest_s"] = time.monotonic() - started

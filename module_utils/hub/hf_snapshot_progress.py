@@ -313,3 +313,15 @@ def read_progress(path: str, run_id: str = "", results_file: str = "", now=None)
         out["finished"] = True
     out["job_finished"] = done
     return out
+
+
+def wait_progress(path: str, progress_id: str = "", results_file: str = "", wait: float = 0.0,
+                  clock=time.monotonic, sleep=time.sleep, poll: float = 0.5) -> dict:
+    """read_progress, after waiting up to ``wait`` seconds for the download to finish (checked
+    every ``poll`` seconds): a poller that asks every N seconds hears of the end at once."""
+    deadline = clock() + max(0.0, wait)
+    info = read_progress(path, progress_id, results_file)
+    while not info["finished"] and clock() < deadline:
+        sleep(min(poll, max(0.0, deadline - clock())))
+        info = read_progress(path, progress_id, results_file)
+    return info

@@ -125,7 +125,15 @@ def planned_result(job, repo_id: str, revision: str) -> dict:
                 layout=layout.kind, files=len(wanted), bytes_total=sum(int(e["size"]) for e in wanted.values()),
                 files_downloaded=0, bytes_downloaded=0, bytes_received=0, kept_blobs=[],
                 manifest=job.manifest_file, orphans_removed=[],
-                listing_source=job.listing_source, resolved_by=job.resolved_by)
+                listing_source=job.listing_source, resolved_by=job.resolved_by,
+                target_files=target_files(wanted))
+
+
+def target_files(wanted: dict) -> list:
+    """The selected files as the controller-side listing gives them: ``[{"path", "size", "etag"}]``
+    (``etag``: the LFS sha256, else the git blob id), the expected list of peer_snapshot."""
+    return [{"path": path, "size": int(e["size"]), "etag": e.get("lfs_sha256") or e["blob_id"]}
+            for path, e in sorted(wanted.items())]
 
 
 def manifest_verification(manifest: dict) -> dict:
@@ -230,6 +238,8 @@ def _plan_and_apply(job, params, progress, check_mode, diff, warn):
     if progress is not None:
         progress.set(commit=job.commit)
     result = planned_result(job, params["repo_id"], params["revision"])
+    if params.get("return_listing"):
+        result["listing"] = {"commit": job.commit, "files": job.wanted}
     before_manifest = job.manifest
     changed = not plan["noop"]
     if check_mode:

@@ -742,12 +742,34 @@ def plan_target(entry, name, target_bytes, listed) -> dict:
     return target
 
 
+def given_listing(entry, listing) -> dict:
+    """list_target's answer from a listing made elsewhere (hf_snapshot's ``listing``: the
+    controller lists a fleet's target once): checked as a Hub listing is, the entry's patterns
+    applied; PlanError when it is unusable."""
+    commit = listing.get("commit") if isinstance(listing, dict) else None
+    if not (isinstance(commit, str) and COMMIT_RE.match(commit) and isinstance(listing.get("files"), dict)):
+        raise PlanError("the given listing of %s is not hf_snapshot's listing ({commit, files}); list the "
+                        "target again" % entry["repo_id"])
+    try:
+        files = hub_client.trusted(listing["files"], "the given listing of %s@%s" % (entry["repo_id"], commit[:12]),
+                                   "list the target again")
+        chosen = hub_client.select(files, entry["allow_patterns"], entry["ignore_patterns"], entry["repo_id"], commit)
+    except hub_client.HubError as exc:
+        raise PlanError(str(exc))
+    return {"commit": commit, "source": "given",
+            "files": [{"path": path, "size": e["size"], "etag": e.get("lfs_sha256") or e["blob_id"]}
+                      for path, e in chosen.items()]}
+
+
 def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=None, token=None,
-                http_endpoint_trusted: bool = False) -> tuple:
+                http_endpoint_trusted: bool = False, listing=None) -> tuple:
     """(target, listed): the target as disk_plan reports it (plan_target plus target_needs) and
-    its listing (list_target's; None when ``target_bytes`` says what it needs)."""
+    its listing (list_target's, or ``listing`` made elsewhere; None when ``target_bytes`` says
+    what it needs)."""
     listed = None
-    if target_bytes is None:
+    if target_bytes is None and listing is not None:
+        listed = given_listing(entry, listing)
+    elif target_bytes is None:
         listed = list_target(
             entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=endpoint,
             token=token, allow_patterns=entry["allow_patterns"], ignore_patterns=entry["ignore_patterns"],

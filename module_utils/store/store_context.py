@@ -41,6 +41,14 @@ STORE_ARGS = dict(
     allow_served_purge=dict(type="bool", default=False),
     scan_workers=dict(type="int", default=1),
 )
+# disk_plan's planning options beyond the store's (migrate_facts plans with them too).
+PLAN_ARGS = dict(
+    headroom=dict(type="str", default="5%"),
+    candidates=dict(type="list", elements="str"),
+    clean_orphans=dict(type="bool", default=True),
+    download_rate=dict(type="str"),
+    allow_missing_store=dict(type="bool", default=False),
+)
 
 
 def fs_info(path: str) -> dict:
@@ -148,3 +156,33 @@ def host_state(params: dict, store, action: str, commands, target_commit: str = 
             "%s, no vLLM server running): nothing is protected as served"
             % (action, params["deployment_record"], params["vllm_unit"]))
     return state
+
+
+def plan(params: dict, action: str, commands, listing=None) -> tuple:
+    """(disk_plan's result, warnings, the scanned store, the host's state): read the store, its file system, the target's files (listed
+    from the Hub, or ``listing``: hf_snapshot's listing made elsewhere), what the host serves, then
+    plan. ``params`` are disk_plan's options; StoreError or disk_plan.PlanError when it cannot."""
+    timings, warnings = {}, []
+    rate = disk_plan.parse_bytes(params["download_rate"], "download_rate") if params["download_rate"] else 0
+    store, timings["scan_s"] = scan(params, action)
+    fs = fs_info(store_fs_path(params, store))
+    headroom = disk_plan.parse_headroom(params["headroom"], fs["total_bytes"])
+    entry = disk_plan.catalog_entry(params["models"], params["target"], "target") if params["target"] else None
+    started = time.monotonic()
+    target, listed = disk_plan.read_target(
+        store, entry, name=params["target"], target_bytes=params["target_bytes"], block_size=fs["block_size"],
+        endpoint=params["endpoint"], token=params["token"], http_endpoint_trusted=params["http_endpoint_trusted"],
+        listing=listing)
+    timings["hub_s"] = time.monotonic() - started
+    started = time.monotonic()
+    state = host_state(params, store, action, commands, target_commit=target.get("commit") or "")
+    warnings.extend(state["warnings"])
+    result = disk_plan.disk_plan(
+        store, fs, state, target=target, listed_files=listed["files"] if listed else [],
+        candidates=params["candidates"], models=params["models"], headroom_bytes=headroom, download_rate=rate,
+        clean_orphans=params["clean_orphans"], allow_served_purge=params["allow_served_purge"],
+        orphan_in_use=disk_plan.orphan_in_use(store))
+    timings["plan_s"] = time.monotonic() - started
+    result["timings"] = {k: round(v, 4) for k, v in timings.items()}
+    warnings.extend(disk_plan.store_warnings(store))
+    return result, warnings, store, state

@@ -16,6 +16,12 @@ def catalog_problems(models, name, keep=None):
     return catalog.selection_problems(models, name, keep or [])
 
 
+def catalog_refusals(models, name, keep=None):
+    """The sentences a migration to ``name`` is refused with (unknown target, invalid entry,
+    unknown keep names); empty when it can go ahead."""
+    return catalog.target_refusals(models, name, keep or [])
+
+
 def catalog_entry(models, name, strict=False):
     """The entry ``name`` of the catalog with its defaults (revision main, served_model_name the
     name, ...). Roles check ``catalog_problems`` in their validate step and derive their
@@ -31,4 +37,5 @@ def catalog_entry(models, name, strict=False):
 
 class FilterModule:
     def filters(self):
-        return {"catalog_problems": catalog_problems, "catalog_entry": catalog_entry}
+        return {"catalog_problems": catalog_problems, "catalog_entry": catalog_entry,
+                "catalog_refusals": catalog_refusals}

@@ -8,6 +8,7 @@ model_purge_result, model_fetch_result, vllm_service_result, benchmark_result.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import units
@@ -51,14 +52,17 @@ def _get(data, *path, default=None):
 def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict | None,
                  service: dict | None, benchmark: dict | None = None,
                  failure: dict | None = None, download_rate: float = 0,
-                 install: dict | None = None) -> dict:
+                 install: dict | None = None, source: dict | None = None) -> dict:
     """The migration's todo list for one host, each step with what it would do and its numbers.
 
     plan: preflight's disk_plan result; purge: model_purge's result (check mode: what would go);
     fetch: hf_snapshot's result (check mode: would_fetch); service: vllm_service_result;
     benchmark: {"enabled": bool, "concurrency": [...]}; failure: {"step", "msg"} when a step
     failed; download_rate: bytes/s used to estimate the download time (0 = unknown);
-    install: vllm_service_install_result plus "enabled" (no install step when absent or off).
+    install: vllm_service_install_result plus "enabled" (no install step when absent or off);
+    source: where the bytes come from with peers or a shared store (the fleet's source plan for
+    this host: source hub/peer/store/verified, from, round, bytes, line); the download is then
+    what this host itself takes, the Hub's or a peer's (a host of a store another fills takes 0).
     """
     steps = []
     would_install = bool(_get(install, "changed"))
@@ -96,6 +100,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     steps.append({"step": "preflight", "title": "Check disk space and plan cleanup",
                   "text": (f"free {human_bytes(free)}; needs {human_bytes(needed)}; verdict "
                            f"{disk['verdict']}" if plan else "not reached"), **disk})
+    by = _get(purge, "by")
     steps.append({
         "step": "purge", "title": "Delete what the plan frees",
         "items": [{"name": i.get("name") or i.get("repo_id") or i.get("path"),
@@ -103,9 +108,9 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                    "bytes": i.get("bytes", i.get("frees_bytes"))} for i in removed if isinstance(i, dict)],
         "bytes": purge_bytes,
         "text": (f"delete {len(removed)} item(s), freeing {human_bytes(purge_bytes)}"
-                 if removed else "nothing to delete")})
+                 if removed else f"the shared store's purge is {by}'s" if by else "nothing to delete")})
     eta = (download / download_rate) if download and download_rate else None
-    steps.append({
+    fetch_step = {
         "step": "fetch", "title": f"Download and verify {target}",
         "commit": _get(fetch, "commit") or _get(plan, "target", "commit"),
         "files": nfiles, "bytes": download, "eta_s": eta,
@@ -113,7 +118,14 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                  + (f", about {human_seconds(eta)} at {human_bytes(download_rate)}/s" if eta else "")
                  + (" (listed by the controller: the host gets huggingface_hub with vLLM)"
                     if _get(fetch, "listed_by") == "controller" else "")
-                 if download else "already downloaded and verified")})
+                 if download else "already downloaded and verified")}
+    if source and download:
+        own = int(source.get("bytes") or 0)
+        line = source.get("line") or {"hub": "from the Hub", "peer": f"from {source.get('from')}",
+                                      "store": "in the shared store"}.get(source.get("source"), "")
+        fetch_step.update(source=source.get("source"), source_host=source.get("from"), round=source.get("round"),
+                          bytes=own, text=f"{nfiles} file(s) {line}".rstrip())
+    steps.append(fetch_step)
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")
     units = _get(service, "replaced_units", default=[]) or []
@@ -143,6 +155,160 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                 step["text"], step["reached"] = "not reached", False
     return {"target": target, "steps": steps, "ready": not failure,
             "changes": bool(would_install or removed or download or would_swap), "failure": failure}
+
+
+def _purge_problem(host: str, target: str, disk: dict, settings: dict) -> str:
+    """The model_purge role's refusal of this plan (forbidden, or a purge that would not make room)."""
+    verdict = disk.get("verdict")
+    if settings.get("purge_all_listed") or verdict != "does_not_fit":
+        if settings.get("purge_allowed", True) or verdict == "fits":
+            return ""
+    if verdict == "does_not_fit":
+        return ("%s: %s. Purging would not make room for %s: %s; nothing was deleted"
+                % (host, disk.get("summary"), target, disk.get("reason")))
+    return ("%s: %s. %s needs a purge of %s but model_purge_allowed is false; nothing was deleted"
+            % (host, disk.get("summary"), target, ", ".join(disk.get("purge") or []) or "partial downloads"))
+
+
+def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
+    """The migration of one host planned from one read (migrate_facts' result): what each step
+    would do, which steps must run, the first refusal, and each step's result as its role reports
+    it in check mode (so the preview's plan is migrate_plan's, the same numbers the steps give).
+
+    expected: {path: text} of the slot's unit, environment and guard files as the controller
+    renders them (returned as ``rendered``, so the preview shows their diffs without rendering
+    them again). settings: install {enabled, version, venv, source}; unit; force_restart;
+    replaced_todo (vllm_units_to_replace of the read); guard; purge_allowed, purge_all_listed;
+    fail_on_does_not_fit; benchmark {enabled, concurrency}; download_rate; host; problems (the
+    settings' refusals, step by step: [{"step", "msg"}], judged on the controller first).
+    """
+    disk, service, install = read.get("disk") or {}, read.get("service") or {}, read.get("install") or {}
+    install_on = bool(_get(settings, "install", "enabled"))
+    install_result = {
+        "changed": install_on and not install.get("matches"),
+        "version": _get(settings, "install", "version"), "venv": _get(settings, "install", "venv"),
+        "installed_version": install.get("version"), "source": _get(settings, "install", "source")}
+    sums = _get(read, "config", "sha1", default={}) or {}
+    drift = sorted(path for path, text in (expected or {}).items()
+                   if sums.get(path) != hashlib.sha1(str(text).encode("utf-8")).hexdigest())
+    secret_ok = _get(read, "config", "secret_matches")
+    configure = bool(drift) or secret_ok is False
+    unit_state = _get(service, "unit", "active_state")
+    replaced = settings.get("replaced_todo") or []
+    swap = configure or unit_state != "active" or bool(settings.get("force_restart")) or bool(replaced)
+    fetch = read.get("fetch") or {}
+    service_result = {
+        "action": "deploy", "model": target, "unit": settings.get("unit"), "swapped": False,
+        "would_swap": swap, "replaced_model": _get(service, "deployment", "model") if swap else None,
+        "replaced_units": [u.get("unit") for u in replaced] if swap else []}
+    problems = list(settings.get("problems") or [])
+    host = settings.get("host") or ""
+    if disk.get("verdict") == "does_not_fit" and settings.get("fail_on_does_not_fit", True):
+        problems.append({"step": "preflight", "msg": "%s does not fit on %s: %s" % (
+            target, _get(disk, "filesystem", "path"), disk.get("reason"))})
+    why = _purge_problem(host, target, disk, settings) if disk else ""
+    if why:
+        problems.append({"step": "purge", "msg": why})
+    fleet = settings.get("fleet") or {}
+    if fleet.get("store_problem"):
+        problems.append({"step": "purge", "msg": fleet["store_problem"]})
+    problems.extend({"step": "swap", "msg": msg} for msg in settings.get("host_problems") or [])
+    order = ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
+    problems.sort(key=lambda p: order.index(p["step"]) if p["step"] in order else len(order))
+    failure = dict(problems[0], task="plan") if problems else None
+    purge = read.get("purge")
+    if fleet.get("purge_by") and purge is not None:     # a shared store is purged by one of its hosts
+        purge = {"removed": [], "planned_bytes": 0, "by": fleet["purge_by"]}
+    todo = {"install": install_result["changed"], "purge": purge is not None and not purge.get("by"),
+            "fetch": not fetch.get("verified", False), "configure": configure, "swap": swap,
+            "drift": drift + ([] if secret_ok is not False else ["API key file"])}
+    plan = migrate_plan(target, disk or None, purge, fetch, service_result,
+                        settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
+                        dict(install_result, enabled=install_on), fleet.get("source") or None)
+    return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
+            "service": service_result, "rendered": dict(expected or {}), "source": fleet.get("source")}
+
+
+def _item_repo(item: str):
+    """(repo_id, commit or None) of a purge item as disk_plan names it (``org/name[@commit]``);
+    (None, None) for a plain model folder."""
+    if not isinstance(item, str) or "/" not in item or item.startswith("/"):
+        return None, None
+    repo, _, commit = item.partition("@")
+    return repo, commit or None
+
+
+def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1) -> dict:
+    """The fleet-wide part of the plan, from every host's read (migrate_facts): with peers, where
+    each host's bytes come from (the planner model_fetch's download follows: fleet/peer_plan.py);
+    on a shared store (modelswap_store), the purge items another host of the store serves or
+    targets, which no host of the store may delete, and the one host that purges it (its first);
+    {"hosts": {name: {"source", "store_problem", "purge_by"}},
+    "sources": the peer plan, "stores": {store: [protected repo@commit]}}."""
+    from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_plan as planner
+    reads, stores = {}, {}
+    for name in hosts or []:
+        values = hostvars[name] if name in hostvars else {}
+        read = values.get("__migrate_read") if hasattr(values, "get") else None
+        if not isinstance(read, dict) or read.get("failed"):
+            continue
+        reads[name] = (values, read)
+        store = values.get("modelswap_store") or ""
+        if store:
+            deployment = _get(read, "service", "deployment") or {}
+            models = values.get("modelswap_models") or {}
+            target = models.get(values.get("modelswap_serve")) or {}
+            keep = stores.setdefault(store, {})
+            if deployment.get("repo_id"):
+                keep[(deployment["repo_id"], deployment.get("commit"))] = (name, "serves", deployment.get("model"))
+            if target.get("repo_id"):
+                keep[(target["repo_id"], _get(read, "fetch", "commit"))] = (name, "targets", values.get("modelswap_serve"))
+    out = {"hosts": {name: {} for name in reads}, "stores": {
+        store: sorted("%s@%s" % key for key in keep) for store, keep in stores.items()}}
+    leaders = {}
+    for name, (values, _read) in reads.items():      # the store's first host purges it, the others not
+        store = values.get("modelswap_store") or ""
+        if store:
+            leader = leaders.setdefault(store, name)
+            if leader != name:
+                out["hosts"][name]["purge_by"] = leader
+    for name, (values, read) in reads.items():
+        store = values.get("modelswap_store") or ""
+        for item in (_get(read, "purge", "items") or []) if store else []:
+            repo, commit = _item_repo(item)
+            for (p_repo, p_commit), (other, how, model) in stores.get(store, {}).items():
+                if other != name and repo == p_repo and (commit is None or p_commit is None or commit == p_commit):
+                    out["hosts"][name]["store_problem"] = (
+                        "model_purge: %s is in the shared store %s, where %s %s it (%s): no host of the store "
+                        "deletes it. Give preflight_purge_candidates that leave it, or migrate %s first; "
+                        "nothing was deleted" % (item, store, other, how, model, other))
+                    break
+            if out["hosts"][name].get("store_problem"):
+                break
+    if peers:
+        states = []
+        for name, (values, read) in reads.items():
+            models = values.get("modelswap_models") or {}
+            entry = models.get(values.get("modelswap_serve")) or {}
+            states.append({"name": name, "site": values.get("modelswap_site") or "",
+                           "store": values.get("modelswap_store") or "",
+                           "target": "%s@%s" % (entry.get("repo_id"), _get(read, "fetch", "commit")),
+                           "verified": bool(_get(read, "fetch", "verified")),
+                           "bytes": int(_get(read, "fetch", "would_fetch", "bytes", default=0) or 0)})
+        sources = planner.plan_sources(states, fanout=int(fanout), hub_seeds=int(hub_seeds))
+        out["sources"] = {"totals": sources["totals"], "lines": planner.summary_lines(sources)}
+        for name, entry in sources["hosts"].items():
+            out["hosts"].setdefault(name, {})["source"] = entry
+    return out
+
+
+def failure_of(marks: dict, task, result) -> dict:
+    """{"step", "task", "msg"} of a failed task: the step is the last one started (its mark)."""
+    started = sorted(((v, k) for k, v in (marks or {}).items() if k != "end" and v is not None))
+    result = result if isinstance(result, dict) else {}
+    name = task.get("name", "") if isinstance(task, dict) else getattr(task, "name", "") or ""
+    return {"step": started[-1][1] if started else "preflight", "task": name or "",
+            "msg": result.get("msg") or result.get("stderr") or "failed"}
 
 
 def plan_lines(plan: dict, host: str) -> list[str]:
@@ -206,6 +372,7 @@ def host_records(hosts, hostvars) -> list:
 
 class FilterModule:
     def filters(self):
-        return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines,
+        return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
+                "migrate_failure": failure_of, "migrate_fleet": fleet_plan,
                 "migrate_record": migrate_record, "migrate_host_records": host_records,
                 "human_bytes": human_bytes}

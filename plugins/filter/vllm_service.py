@@ -8,6 +8,7 @@ turn its errors into AnsibleFilterError.
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 
@@ -68,10 +69,25 @@ def merge_env(*layers):
     return vllm_unit.merge_env(*layers)
 
 
+def vllm_service_problems(settings):
+    """Why the role's settings (``__vllm_service_settings``) cannot be deployed: sentences in the
+    order the role checks them (empty: they can)."""
+    return vllm_service_checks.settings_problems(settings)
+
+
+def vllm_service_host_problems(settings, facts, gpus=None, allow_unfetched=False):
+    """Why this host cannot take the deployment (GPUs, port, snapshot), from vllm_service_facts'
+    and gpu_ready's results; ``allow_unfetched``: the snapshot may still be missing (a download
+    comes first)."""
+    return vllm_service_checks.host_problems(settings, facts, gpus or {}, allow_unfetched=allow_unfetched)
+
+
 class FilterModule:
     def filters(self):
         return {
             "vllm_serve_argv": _wrap(vllm_serve_argv),
+            "vllm_service_problems": vllm_service_problems,
+            "vllm_service_host_problems": vllm_service_host_problems,
             "vllm_parallel_size": _wrap(vllm_parallel_size),
             "systemd_exec": _wrap(systemd_exec),
             "systemd_env_lines": _wrap(systemd_env_lines),

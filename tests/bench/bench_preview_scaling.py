@@ -62,7 +62,8 @@ def timed(playbook: str, inventory: str, extra: dict, limit: str, check: bool) -
         data = ev.get("event_data") or {}
         if ev.get("event", "").startswith("runner_on_") and data.get("duration") is not None:
             tasks[data.get("task", "?")] += float(data["duration"])
-    return {"wall_s": wall, "cpu_s": cpu, "tasks": dict(tasks)}
+    return {"wall_s": wall, "cpu_s": cpu, "tasks": dict(tasks),
+            "tasks_per_host": {h: n for h, n in result.tasks_per_host().items() if h != "localhost"}}
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -75,7 +76,7 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hosts", default="2,4,8", help="host counts, comma-separated")
+    ap.add_argument("--hosts", default="2,8,16,32", help="host counts, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--serve", default="tiny-b", help="the model the preview plans for")
     ap.add_argument("--prepare", metavar="MODEL", help="first install vLLM and fetch MODEL on every host")
@@ -110,18 +111,27 @@ def main() -> int:
             print(f"round {rnd} hosts {n}: preview {prev['wall_s']:.1f} s (cpu {prev['cpu_s']:.1f} s), "
                   f"baseline {base['wall_s']:.1f} s", flush=True)
 
-    print("\nhosts  preview wall s (median, min-max)  controller cpu s  baseline wall s")
+    print("\nhosts  preview wall s (median, min-max)  controller cpu s (median, min-max)  ping wall s  ping cpu s")
     for n in counts:
         mine = [r for r in runs if r["hosts"] == n]
         walls = [r["preview"]["wall_s"] for r in mine]
+        cpus = [r["preview"]["cpu_s"] for r in mine]
         print(f"{n:5d}  {statistics.median(walls):7.1f} ({min(walls):.1f}-{max(walls):.1f})"
-              f"{statistics.median(r['preview']['cpu_s'] for r in mine):24.1f}"
-              f"{statistics.median(r['baseline']['wall_s'] for r in mine):17.1f}")
+              f"{statistics.median(cpus):21.1f} ({min(cpus):.1f}-{max(cpus):.1f})"
+              f"{statistics.median(r['baseline']['wall_s'] for r in mine):15.1f}"
+              f"{statistics.median(r['baseline']['cpu_s'] for r in mine):11.1f}")
     per_host = slope([(r["hosts"], r["preview"]["wall_s"]) for r in runs])
     cpu_per_host = slope([(r["hosts"], r["preview"]["cpu_s"]) for r in runs])
     base_per_host = slope([(r["hosts"], r["baseline"]["wall_s"]) for r in runs])
+    base_cpu_per_host = slope([(r["hosts"], r["baseline"]["cpu_s"]) for r in runs])
     print(f"\ngrowth per added host: preview {per_host:.2f} s wall, {cpu_per_host:.2f} s controller cpu; "
-          f"baseline {base_per_host:.2f} s")
+          f"ping {base_per_host:.2f} s wall, {base_cpu_per_host:.2f} s cpu")
+    for a, b in zip(counts, counts[1:]):
+        step = [statistics.median(r["preview"]["cpu_s"] for r in runs if r["hosts"] == n) for n in (a, b)]
+        print(f"  {a} -> {b} hosts: {(step[1] - step[0]) / (b - a):.2f} s controller cpu per added host")
+    tasks = [r["preview"].get("tasks_per_host") for r in runs if r["hosts"] == counts[-1]]
+    if tasks and tasks[0]:
+        print(f"tasks per host in the preview: {sorted(set(tasks[0].values()))}")
     top = defaultdict(list)
     for r in runs:
         if r["hosts"] == counts[-1]:

@@ -1,6 +1,7 @@
 """The lab: systemd-nspawn test hosts on a private bridge, a local Hub, tiny models, a wheelhouse.
 
-    python -m tests.lab.labctl up [--hosts N]   build or reuse a healthy lab; replace a broken one
+    python -m tests.lab.labctl up [--hosts N] [--shared-store gpu3,gpu4]
+                                                build or reuse a healthy lab; replace a broken one
     python -m tests.lab.labctl down             stop everything by PID, unmount, remove bridge/cgroups
     python -m tests.lab.labctl status           what runs, where
     python -m tests.lab.labctl reset            bring the hosts back to the known state (nothing served)
@@ -23,6 +24,7 @@ import hashlib
 import ipaddress
 import secrets
 import json
+import shlex
 import os
 import shutil
 import signal
@@ -51,9 +53,17 @@ LB_CONFIG_NAME = "modelswap-lab-haproxy.cfg"   # its name marks a lab's haproxy 
 VLLM_WHEELHOUSE_IN_HOST = "/opt/wheelhouse"
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
                  "iproute2", "procps", "sudo", "curl", "libnuma1", "libgomp1",
-                 "python3-packaging")     # ansible.builtin.pip needs it on the host
+                 "python3-packaging",     # ansible.builtin.pip needs it on the host
+                 "rsync")                 # hosts copy verified snapshots to each other (model_fetch peers)
 # Bump when the base preparation below changes, so the cached base is rebuilt.
-BASE_RECIPE = "3"
+BASE_RECIPE = "4"
+MAX_HOSTS = 32                  # gpu1..gpu32 at <subnet>.11-.42; an idle host uses ~25 MiB
+# Where the hosts that share a model store see it: the model store's default path
+# (modelswap_hf_cache), so the roles' defaults use it unchanged.
+SHARED_STORE_IN_HOST = "/var/lib/modelswap/hf/hub"
+# Every host holds the lab's peer key, and every host's key is in /etc/ssh/ssh_known_hosts, so a
+# host can rsync from another over SSH with host key checking on (model_fetch with peers).
+PEER_KEY_IN_HOST = "/root/.ssh/modelswap_peer"
 MIN_FREE_BYTES = 8 * 1024**3   # base + wheelhouse + a vLLM virtualenv per host
 CGROUP_HIERARCHIES = ("systemd", "unified", "memory")
 
@@ -80,6 +90,7 @@ class Lab:
     name: str
     subnet: str                      # first three octets, e.g. "10.213.7"
     hosts: list[str] = field(default_factory=list)
+    shared: list[str] = field(default_factory=list)   # hosts that mount the lab's shared store
 
     @property
     def state_dir(self) -> Path:
@@ -116,6 +127,21 @@ class Lab:
     @property
     def known_hosts(self) -> Path:
         return self.state_dir / "ssh" / "known_hosts"
+
+    @property
+    def peer_key(self) -> Path:
+        """The key the hosts use to reach each other (lab only: every host trusts it)."""
+        return self.state_dir / "ssh" / "peer_ed25519"
+
+    @property
+    def shared_store(self) -> Path:
+        """The folder of the lab machine bound into the hosts of ``shared`` at SHARED_STORE_IN_HOST."""
+        return self.state_dir / "shared-store"
+
+    @property
+    def store_id(self) -> str:
+        """The id the inventory gives the shared store (modelswap_store)."""
+        return f"{self.name}-shared"
 
     @property
     def hub_url(self) -> str:
@@ -169,6 +195,29 @@ def pid_alive(pid: int | None, expect: str | None = None) -> bool:
 
 # --------------------------------------------------------------------------- preflight
 
+# Every host's systemd holds inotify instances and kernel keys as root: past about 16 hosts on
+# the kernel's defaults (128 instances) the next host boots "degraded", its .path units failed.
+KERNEL_LIMITS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 1048576,
+                 "kernel/keys/maxkeys": 20000, "kernel/keys/maxbytes": 2000000}
+
+
+def raise_kernel_limits(proc_sys: Path = Path("/proc/sys")) -> list[str]:
+    """Raise the per-user limits many containers share (never lower one); what changed."""
+    changed = []
+    for key, wanted in KERNEL_LIMITS.items():
+        path = proc_sys / key
+        try:
+            have = int(path.read_text().split()[0])
+            if have < wanted:
+                path.write_text(f"{wanted}\n")
+                changed.append(f"{key.replace('/', '.')} {have} -> {wanted}")
+        except (OSError, ValueError, IndexError):
+            continue
+    if changed:
+        log("raised kernel limits for many hosts: " + ", ".join(changed))
+    return changed
+
+
 def preflight(lab: Lab, reuse: bool) -> None:
     if os.geteuid() != 0:
         raise LabError("the lab needs root (it mounts overlays, creates a bridge and boots "
@@ -187,6 +236,7 @@ def preflight(lab: Lab, reuse: bool) -> None:
                            "MODELSWAP_LAB_CACHE to a larger filesystem")
     if reuse:
         return
+    raise_kernel_limits()
     if Path(f"/sys/class/net/{lab.bridge}").exists():
         raise LabError(f"network interface {lab.bridge} already exists but this lab has no state: "
                        f"another lab or a stale one owns it. Remove it (`ip link del {lab.bridge}`) "
@@ -346,11 +396,12 @@ def ensure_base() -> Path:
 # --------------------------------------------------------------------------- hosts
 
 def ensure_ssh_key(lab: Lab) -> None:
-    if lab.ssh_key.exists():
-        return
-    lab.ssh_key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"modelswap-lab-{lab.name}",
-         "-f", str(lab.ssh_key)])
+    for key, comment in ((lab.ssh_key, f"modelswap-lab-{lab.name}"),
+                         (lab.peer_key, f"modelswap-lab-{lab.name}-peer")):
+        if key.exists():
+            continue
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
 
 
 def make_host_tree(lab: Lab, host: str, base: Path) -> None:
@@ -370,8 +421,12 @@ def make_host_tree(lab: Lab, host: str, base: Path) -> None:
         f"LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(Path(f"{lab.ssh_key}.pub").read_text())
+    (ssh_dir / "authorized_keys").write_text(Path(f"{lab.ssh_key}.pub").read_text()
+                                             + Path(f"{lab.peer_key}.pub").read_text())
     os.chmod(ssh_dir / "authorized_keys", 0o600)
+    peer = root / PEER_KEY_IN_HOST.lstrip("/")
+    peer.write_bytes(lab.peer_key.read_bytes())
+    os.chmod(peer, 0o600)
     if not list((root / "etc/ssh").glob("ssh_host_ed25519_key")):
         run(["ssh-keygen", "-A", "-f", str(root)])
 
@@ -393,7 +448,7 @@ for cg in {cgroups}; do echo $$ > "$cg/cgroup.procs"; done
 while :; do
   [ -e {stop} ] && exit 0
   systemd-nspawn --boot --directory={root} --machine={machine} --register=no --keep-unit \\
-    --console=passive --network-bridge={bridge} --bind-ro={wheelhouse}:{wheelhouse_in_host} </dev/null &
+    --console=passive --network-bridge={bridge} --bind-ro={wheelhouse}:{wheelhouse_in_host}{binds} </dev/null &
   echo $! > {pidfile}
   wait $!
   rc=$?
@@ -411,7 +466,8 @@ def boot_host(lab: Lab, host: str, wheelhouse: Path) -> dict:
     script.write_text(LAUNCHER.format(
         cgroups=" ".join(cgroups), stop=hdir / "stop", root=lab.root(host),
         machine=lab.machine(host), bridge=lab.bridge, pidfile=hdir / "nspawn.pid",
-        wheelhouse=wheelhouse, wheelhouse_in_host=VLLM_WHEELHOUSE_IN_HOST))
+        wheelhouse=wheelhouse, wheelhouse_in_host=VLLM_WHEELHOUSE_IN_HOST,
+        binds=f" --bind={lab.shared_store}:{SHARED_STORE_IN_HOST}" if host in lab.shared else ""))
     script.chmod(0o755)
     # /run is not a tmpfs here: nspawn wants to propagate mounts through this folder.
     propagate = Path("/run/systemd/nspawn")
@@ -452,11 +508,16 @@ def wait_port(address: str, port: int, timeout: float) -> None:
 
 
 def write_known_hosts(lab: Lab) -> None:
+    """The controller's known_hosts, and the same keys in every host's /etc/ssh/ssh_known_hosts
+    (host-to-host SSH checks host keys too)."""
     lines = []
     for host in lab.hosts:
         pub = (lab.root(host) / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
         lines.append(f"{lab.address(host)},{host} {pub[0]} {pub[1]}")
-    lab.known_hosts.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    lab.known_hosts.write_text(text)
+    for host in lab.hosts:
+        (lab.root(host) / "etc/ssh/ssh_known_hosts").write_text(text)
 
 
 def wait_host_ready(lab: Lab, host: str, timeout: float = 90) -> str:
@@ -474,7 +535,9 @@ def wait_host_ready(lab: Lab, host: str, timeout: float = 90) -> str:
 def write_inventory(lab: Lab, state: dict) -> Path:
     inv = INVENTORY
     inv.parent.mkdir(parents=True, exist_ok=True)
-    hosts = "".join(f"        {h}:\n          ansible_host: {lab.address(h)}\n" for h in lab.hosts)
+    hosts = "".join(f"        {h}:\n          ansible_host: {lab.address(h)}\n"
+                    + (f"          modelswap_store: {lab.store_id}\n" if h in lab.shared else "")
+                    for h in lab.hosts)
     key = lab.state_dir / "api_key"       # the lab's vLLM API key, 0600 like any secret
     if not key.exists():
         key.touch(mode=0o600)
@@ -502,6 +565,9 @@ def write_inventory(lab: Lab, state: dict) -> Path:
         f"        lb_pool_haproxy_socket: {lab.lb_socket}\n"
         f"        lb_pool_haproxy_backend: {LB_BACKEND}\n"
         f"        lb_pool_haproxy_stats_url: \"{lab.lb_stats_url}\"\n"
+        "        # One bridge, one site: with model_fetch_peers the hosts copy from each other.\n"
+        f"        modelswap_site: {lab.name}\n"
+        f"        modelswap_peer_ssh_key: {PEER_KEY_IN_HOST}\n"
         "      hosts:\n" + hosts)
     return inv
 
@@ -688,11 +754,28 @@ def healthy(lab: Lab, state: dict) -> list[str]:
     return problems + lb_problems(lab, state)
 
 
-def up(lab: Lab, count: int, with_wheelhouse: bool = True) -> None:
+def shared_store_hosts(text: str, hosts: list[str]) -> list[str]:
+    """The hosts named by ``--shared-store`` (``gpu3,gpu4``): two or more of the lab's hosts."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if not names:
+        return []
+    unknown = [n for n in names if n not in hosts]
+    if unknown:
+        raise LabError(f"--shared-store {text}: {', '.join(unknown)} not among the lab's hosts "
+                       f"({hosts[0]}..{hosts[-1]}); raise --hosts or name other hosts")
+    if len(set(names)) < 2:
+        raise LabError(f"--shared-store {text}: a shared store needs two hosts or more")
+    return sorted(set(names), key=hosts.index)
+
+
+def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> None:
     lab.hosts = [f"gpu{i}" for i in range(1, count + 1)]
+    lab.shared = shared_store_hosts(shared, lab.hosts)
     state = load_state(lab)
     if state:
         problems = healthy(lab, state)
+        if state.get("shared", {}).get("hosts", []) != lab.shared:
+            problems.append("the hosts sharing a store changed")
         lb_only = problems and problems == lb_problems(lab, state)
         if lb_only and sorted(state["hosts"]) == sorted(lab.hosts):
             # hosts and Hub are fine: only the load balancer is (re)started
@@ -713,7 +796,9 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True) -> None:
     started = time.monotonic()
     state = {"name": lab.name, "subnet": lab.subnet, "bridge": lab.bridge, "hosts": {},
              "hub_url": lab.hub_url, "ssh_key": str(lab.ssh_key),
-             "known_hosts": str(lab.known_hosts)}
+             "known_hosts": str(lab.known_hosts),
+             "shared": {"hosts": lab.shared, "path": str(lab.shared_store), "id": lab.store_id,
+                        "in_host": SHARED_STORE_IN_HOST} if lab.shared else {}}
     save_state(lab, state)     # recorded first, so a half-built lab can be torn down
     base = ensure_base()
     wheel_root = CACHE / "wheelhouse"      # bound read-only into every host
@@ -725,6 +810,8 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True) -> None:
     save_state(lab, state)
     run(["ip", "addr", "add", f"{lab.gateway}/24", "dev", lab.bridge])
     run(["ip", "link", "set", lab.bridge, "up"])
+    if lab.shared:
+        lab.shared_store.mkdir(parents=True, exist_ok=True)
     for host in lab.hosts:
         make_host_tree(lab, host, base)
         state["hosts"][host] = boot_host(lab, host, wheel_root)
@@ -878,6 +965,7 @@ def down(lab: Lab) -> None:
         shutil.rmtree(lab.state_dir / "hosts")
     shutil.rmtree(lab.state_dir / "hub", ignore_errors=True)
     lab.lb_config.unlink(missing_ok=True)
+    shutil.rmtree(lab.shared_store, ignore_errors=True)
     lab.state_file.unlink(missing_ok=True)
     INVENTORY.unlink(missing_ok=True)
     log(f"lab '{lab.name}' is down (caches kept under {CACHE})")
@@ -889,7 +977,10 @@ def down(lab: Lab) -> None:
 # and the model store (with the record's notes of what was fetched and verified), so the next
 # test or the demo starts from the same state whatever ran before it (a demo, a test run, an
 # interrupted run). A unit that ignores SIGTERM while it starts is killed: nothing here waits
-# for TimeoutStopSec.
+# for TimeoutStopSec. The shared store is the exception: the lab empties it (reset() below), since
+# what one host left there would change what another host's test sees (already fetched, one
+# download fewer, a model protected from purge); a tiny model is fetched again in a second. The
+# record's notes of models fetched into it (their path is under $shared) go with it.
 RESET_HOST = r"""
 set -u
 for unit in $(cd /etc/systemd/system && ls -d vllm*.service 2>/dev/null); do
@@ -913,15 +1004,30 @@ try:
     fetched = json.load(open(p)).get("fetched", {})
 except ValueError:
     fetched = {}
+shared = sys.argv[2].rstrip("/") + "/" if sys.argv[2] else None
+fetched = {k: v for k, v in fetched.items()
+           if not (shared and isinstance(v, dict) and str(v.get("path", "")).startswith(shared))}
 tmp = p + ".reset"
 with open(tmp, "w") as out:
     json.dump({"fetched": fetched}, out)
-os.replace(tmp, p)' "$record"
+os.replace(tmp, p)' "$record" "$shared"
 fi
 systemctl daemon-reload
 systemctl reset-failed 2>/dev/null
 true
 """
+
+
+def empty_folder(folder: Path) -> int:
+    """Remove what ``folder`` holds (not the folder: it is a bind mount's source); a count."""
+    count = 0
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        count += 1
+    return count
 
 
 def reset(lab: Lab, state: dict | None = None) -> None:
@@ -930,9 +1036,12 @@ def reset(lab: Lab, state: dict | None = None) -> None:
     state = state if state is not None else load_state(lab)
     if state is None:
         raise LabError(f"lab '{lab.name}' is not up: run `make lab-up` first")
-    procs = {host: subprocess.Popen(ssh_argv(lab, host) + [RESET_HOST], text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for host in state.get("hosts", {})}
+    shared = state.get("shared") or {}
+    procs = {}
+    for host in state.get("hosts", {}):
+        prefix = shlex.quote(shared["in_host"]) if host in shared.get("hosts", []) else "''"
+        procs[host] = subprocess.Popen(ssh_argv(lab, host) + ["shared=%s\n%s" % (prefix, RESET_HOST)],
+                                       text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     failed = []
     for host, proc in procs.items():
         try:
@@ -944,6 +1053,10 @@ def reset(lab: Lab, state: dict | None = None) -> None:
             log(f"reset {host}: {line}")
         if proc.returncode != 0:
             failed.append(f"{host} (exit {proc.returncode})")
+    if shared.get("path") and not failed:
+        emptied = empty_folder(Path(shared["path"]))
+        log(f"reset: emptied the shared store {shared['path']} ({emptied} entries) of "
+            f"{', '.join(shared['hosts'])}")
     from tests.lab.hub.client import HubClient
     HubClient(state["hub_url"], lab.state_dir / "hub").clear_faults()
     try:
@@ -977,6 +1090,10 @@ def status(lab: Lab) -> int:
         if usage and usage.exists():
             mem = f", memory {int(usage.read_text()) / 1024**2:.0f} MiB"
         print(f"  {host:6} {info['address']:15} {'running, nspawn PID ' + str(pid) if pid else 'STOPPED'}{mem}")
+    if state.get("shared"):
+        shared = state["shared"]
+        print(f"  shared store {shared['id']}: {shared['path']} at {shared['in_host']} on "
+              f"{', '.join(shared['hosts'])}")
     problems = healthy(lab, state)
     for problem in problems:
         print(f"  problem: {problem}")
@@ -997,6 +1114,7 @@ def lab_from_env() -> Lab:
     if state:
         lab.hosts = list(state.get("hosts", {}))
         lab.subnet = state.get("subnet", subnet)
+        lab.shared = list((state.get("shared") or {}).get("hosts", []))
     return lab
 
 
@@ -1004,7 +1122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="labctl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="build or reuse the lab")
-    p_up.add_argument("--hosts", type=int, default=2, help="number of hosts (gpu1..gpuN), 1-16")
+    p_up.add_argument("--hosts", type=int, default=2, help=f"number of hosts (gpu1..gpuN), 1-{MAX_HOSTS}")
+    p_up.add_argument("--shared-store", default="", metavar="gpuA,gpuB",
+                      help="hosts that mount one folder of this machine as their model store "
+                           f"({SHARED_STORE_IN_HOST}); the inventory gives them modelswap_store")
     p_up.add_argument("--no-wheelhouse", action="store_true",
                       help="skip building the vLLM wheelhouse (hosts that will not run vLLM)")
     sub.add_parser("down", help="tear the lab down")
@@ -1016,9 +1137,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lab = lab_from_env()
         if args.cmd == "up":
-            if not 1 <= args.hosts <= 16:
-                raise LabError(f"--hosts {args.hosts}: choose 1 to 16 hosts")
-            up(lab, args.hosts, with_wheelhouse=not args.no_wheelhouse)
+            if not 1 <= args.hosts <= MAX_HOSTS:
+                raise LabError(f"--hosts {args.hosts}: choose 1 to {MAX_HOSTS} hosts")
+            up(lab, args.hosts, with_wheelhouse=not args.no_wheelhouse, shared=args.shared_store)
         elif args.cmd == "down":
             down(lab)
         elif args.cmd == "reset":

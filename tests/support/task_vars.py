@@ -2,7 +2,8 @@
 
     python -m tests.support.task_vars INVENTORY PLAYBOOK HOST TASK_NAME VAR[,VAR...]
 
-loads the playbook as ansible-playbook does (roles, import_role, role defaults and parameters),
+loads the playbook as ansible-playbook does (roles, import_role, role defaults and parameters;
+include_tasks and include_role are followed as a run that reaches them would load them),
 finds the first task whose name ends with TASK_NAME, and prints, as JSON, each VAR templated
 with the variables of that task for HOST (inventory, role defaults, the import's vars, ...).
 Nothing runs and no host is contacted. Run it with ANSIBLE_CONFIG set to the repository's
@@ -33,17 +34,37 @@ def task_vars(inventory, playbook, host, task_name, names):
     manager = VariableManager(loader=loader, inventory=inv)
     book = Playbook.load(playbook, variable_manager=manager, loader=loader)
 
-    def walk(items):
+    from ansible.playbook.helpers import load_list_of_blocks
+    from ansible.playbook.role_include import IncludeRole
+    from ansible.playbook.task_include import TaskInclude
+
+    def included(play, task):
+        """The blocks a dynamic include loads (as the strategy would, without running anything)."""
+        if isinstance(task, IncludeRole):
+            return task.get_block_list(play=play, variable_manager=manager, loader=loader)[0]
+        name = task.args.get("file") or task.args.get("_raw_params")
+        base = task._role._role_path + "/tasks" if task._role else loader.get_basedir()
+        copy = task.copy(exclude_parent=True)
+        copy._parent = task._parent
+        return load_list_of_blocks(loader.load_from_file(f"{base}/{name}", trusted_as_template=True), play=play,
+                                   task_include=copy,
+                                   role=task._role, variable_manager=manager, loader=loader)
+
+    def walk(play, items):
         for item in items:
             if isinstance(item, Block):
-                yield from walk(item.block)
-                yield from walk(item.rescue)
-                yield from walk(item.always)
+                yield from walk(play, item.block)
+                yield from walk(play, item.rescue)
+                yield from walk(play, item.always)
+            elif isinstance(item, (IncludeRole, TaskInclude)) and item.action in (
+                    "ansible.builtin.include_role", "ansible.builtin.include_tasks", "include_role", "include_tasks"):
+                yield item
+                yield from walk(play, included(play, item))
             else:
                 yield item
 
     for play in book.get_plays():
-        for task in walk(play.compile()):
+        for task in walk(play, play.compile()):
             if task.get_name().endswith(task_name):
                 variables = manager.get_vars(play=play, host=inv.get_host(host), task=task)
                 templar = Templar(loader=loader, variables=variables)

@@ -75,11 +75,17 @@ def test_normalized_entry_carries_the_defaults():
 
 
 def test_every_role_judges_entries_with_the_one_filter():
-    """preflight, model_fetch and vllm_service refuse an entry through catalog_problems; no role
+    """preflight, model_fetch, vllm_service and the migration's plan refuse an entry through the
+    catalog's filters (vllm_service's judge, vllm_service_checks, calls the catalog itself); no role
     spells a repo-id rule or the revision default of its own."""
-    for role in ("preflight", "model_fetch", "vllm_service"):
-        text = (REPO / "roles" / role / "tasks" / "validate.yml").read_text()
-        assert "modelswap.vllm.catalog_problems(" in text, role
+    judges = {"preflight/tasks/validate.yml": "modelswap.vllm.catalog_refusals(",
+              "model_fetch/tasks/validate.yml": "modelswap.vllm.catalog_problems(",
+              "vllm_service/tasks/validate.yml": "modelswap.vllm.vllm_service_problems",
+              "migrate/tasks/read.yml": "modelswap.vllm.catalog_refusals("}
+    for path, judge in judges.items():
+        assert judge in (REPO / "roles" / path).read_text(), path
+    checks = (REPO / "module_utils" / "serving" / "vllm_service_checks.py").read_text()
+    assert "catalog.selection_problems(" in checks
     for path in (REPO / "roles").rglob("*.yml"):
         text = path.read_text()
         assert "default('main')" not in text and "repo_id_re" not in text, path

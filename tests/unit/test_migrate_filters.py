@@ -166,3 +166,159 @@ def test_hosts_without_a_record_count_as_not_reached():
     hostvars = {"gpu1": {"migrate_record": {"host": "gpu1"}}, "gpu2": {"ansible_host": "10.0.0.2"}}
     assert host_records(["gpu1", "gpu2", "gpu9"], hostvars) == [{"host": "gpu1"}, None, None]
     assert host_records([], hostvars) == []
+
+
+# ------------------------------------------------------------------------------------------
+# The plan from one host read (migrate_facts, issue 16): the same numbers the steps report.
+# ------------------------------------------------------------------------------------------
+from ansible_collections.modelswap.vllm.plugins.filter.migrate import failure_of, read_plan  # noqa: E402
+
+UNIT, ENV = "/etc/systemd/system/vllm.service", "/etc/modelswap/vllm.env"
+UNIT_TEXT, ENV_TEXT, NEW_UNIT = "[Service]\nExecStart=vllm serve old\n", "A=1\n", "[Service]\nExecStart=vllm serve new\n"
+
+
+def sha1(text):
+    import hashlib
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+READ = {
+    "disk": dict(PLAN, verdict="fits", summary="free 100 GiB; fits", purge=[], purge_bytes=0),
+    "purge": None,
+    "fetch": FETCH_CHECK,
+    "service": {"unit": {"active_state": "active"}, "deployment": {"model": "minimax-m2.5"}},
+    "install": {"matches": True, "version": "0.32.0"},
+    "config": {"sha1": {UNIT: sha1(UNIT_TEXT), ENV: sha1(ENV_TEXT)}, "secret_matches": True},
+}
+SETTINGS = {"host": "gpu-a01", "unit": "vllm.service",
+            "install": {"enabled": True, "version": "0.32.0", "venv": "/opt/v", "source": "index"},
+            "force_restart": False, "replaced_todo": [], "purge_allowed": True, "purge_all_listed": False,
+            "fail_on_does_not_fit": True, "benchmark": {"enabled": True, "concurrency": [1, 8]},
+            "download_rate": 0, "host_problems": []}
+
+
+def planned(read=None, expected=None, **settings):
+    return read_plan("kimi-k2.5-int4", dict(READ, **(read or {})),
+                     expected or {UNIT: NEW_UNIT, ENV: ENV_TEXT}, dict(SETTINGS, **settings))
+
+
+def test_the_plan_from_one_read_is_the_plan_from_the_steps_results():
+    out = planned()
+    service = {"action": "deploy", "model": "kimi-k2.5-int4", "unit": "vllm.service", "swapped": False,
+               "would_swap": True, "replaced_model": "minimax-m2.5", "replaced_units": []}
+    assert out["service"] == service
+    assert out["plan"] == migrate_plan("kimi-k2.5-int4", READ["disk"], None, FETCH_CHECK, service,
+                                       {"enabled": True, "concurrency": [1, 8]}, None, 0.0,
+                                       dict(out["install"], enabled=True))
+    assert out["todo"] == {"install": False, "purge": False, "fetch": True, "configure": True, "swap": True,
+                           "drift": [UNIT]}
+    assert out["failure"] is None
+
+
+@pytest.mark.parametrize("read, expected, settings, todo", [
+    # the same files, the service active: nothing to restart
+    ({"fetch": {"verified": True, "would_fetch": {"files": [], "bytes": 0}}}, {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, {},
+     {"fetch": False, "configure": False, "swap": False}),
+    # only the API key file differs: configure and restart, the key named as "API key file"
+    ({"config": {"sha1": {UNIT: sha1(UNIT_TEXT), ENV: sha1(ENV_TEXT)}, "secret_matches": False}}, {UNIT: UNIT_TEXT, ENV: ENV_TEXT},
+     {}, {"configure": True, "swap": True, "drift": ["API key file"]}),
+    # the same files but the service is not running: start it
+    ({"service": {"unit": {"active_state": "failed"}}}, {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, {},
+     {"configure": False, "swap": True}),
+    ({}, {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, {"force_restart": True}, {"swap": True}),
+    ({}, {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, {"replaced_todo": [{"unit": "old.service"}]}, {"swap": True}),
+    ({"install": {"matches": False, "version": None}}, None, {}, {"install": True}),
+    ({"install": {"matches": False, "version": None}}, None, {"install": {"enabled": False}}, {"install": False}),
+    ({"purge": {"items": ["org/old"], "removed": [], "planned_bytes": 1}}, None, {}, {"purge": True}),
+], ids=["converged", "key-only", "not-running", "forced", "replaces", "install", "install-off", "purge"])
+def test_which_steps_run(read, expected, settings, todo):
+    out = planned(read, expected, **settings)
+    assert {k: out["todo"][k] for k in todo} == todo
+
+
+@pytest.mark.parametrize("read, settings, step, words", [
+    ({"disk": dict(READ["disk"], verdict="does_not_fit", reason="short by 7 GiB",
+                   filesystem={"path": "/models", "available_bytes": 1})}, {}, "preflight",
+     "kimi-k2.5-int4 does not fit on /models: short by 7 GiB"),
+    ({"disk": dict(READ["disk"], verdict="fits_after_purge", purge=["org/old"])}, {"purge_allowed": False}, "purge",
+     "gpu-a01: free 100 GiB; fits. kimi-k2.5-int4 needs a purge of org/old but model_purge_allowed is false; "
+     "nothing was deleted"),
+    ({}, {"host_problems": ["vllm_service: refusing to deploy on gpu-a01:8000: the port is held"]}, "swap",
+     "vllm_service: refusing to deploy on gpu-a01:8000: the port is held"),
+    ({"disk": dict(READ["disk"], verdict="does_not_fit", reason="short", filesystem={"path": "/m"})},
+     {"host_problems": ["port held"]}, "preflight", "does not fit"),      # the earliest step's refusal wins
+], ids=["does-not-fit", "purge-forbidden", "port-held", "earliest-first"])
+def test_a_refusal_fails_the_plan_at_its_step_and_later_steps_are_not_reached(read, settings, step, words):
+    out = planned(read, **settings)
+    assert out["failure"]["step"] == step and words in out["failure"]["msg"]
+    steps = {s["step"]: s for s in out["plan"]["steps"]}
+    assert steps[step]["failed"] == out["failure"]["msg"] and not out["plan"]["ready"]
+    later = [s for s in out["plan"]["steps"] if s.get("reached") is False]
+    assert later and all(s["text"] == "not reached" for s in later)
+
+
+def test_a_failed_task_is_charged_to_the_step_last_started():
+    marks = {"preflight": 10.0, "fetch": 30.0, "purge": 20.0, "end": 40.0}
+    assert failure_of(marks, {"name": "Start the download"}, {"msg": "gated"}) == {
+        "step": "fetch", "task": "Start the download", "msg": "gated"}
+    assert failure_of({}, None, {"stderr": "boom"}) == {"step": "preflight", "task": "", "msg": "boom"}
+
+
+# ------------------------------------------------------------------------------------------
+# The fleet-wide part of the plan: peers' sources and shared stores' protections (issue 19).
+# ------------------------------------------------------------------------------------------
+from ansible_collections.modelswap.vllm.plugins.filter.migrate import fleet_plan  # noqa: E402
+
+C_OLD, C_NEW = "a" * 40, "b" * 40
+MODELS2 = {"old": {"repo_id": "org/old"}, "new": {"repo_id": "org/new"}, "other": {"repo_id": "org/other"}}
+
+
+def host(serve="new", verified=False, nbytes=1000, store="", site="s1", serves="old", purge=None):
+    read = {"fetch": {"commit": C_NEW, "verified": verified, "would_fetch": {"bytes": 0 if verified else nbytes}},
+            "service": {"deployment": {"model": serves, "repo_id": MODELS2[serves]["repo_id"], "commit": C_OLD}},
+            "purge": {"items": purge} if purge else None}
+    return {"__migrate_read": read, "modelswap_serve": serve, "modelswap_models": MODELS2,
+            "modelswap_site": site, "modelswap_store": store}
+
+
+def test_with_peers_one_host_of_a_site_downloads_and_the_others_copy():
+    hv = {"g1": host(), "g2": host(), "g3": host(), "g4": host(verified=True, nbytes=0)}
+    out = fleet_plan(["g1", "g2", "g3", "g4"], hv, True)
+    sources = {h: (v["source"]["source"], v["source"].get("from")) for h, v in out["hosts"].items()}
+    assert sources["g4"] == ("verified", None)
+    assert sorted(s for s, _ in sources.values()) == ["peer", "peer", "peer", "verified"]  # g4 has it: no Hub
+    assert out["sources"]["totals"]["hub_bytes"] == 0
+
+
+def test_a_shared_store_keeps_what_another_of_its_hosts_serves():
+    hv = {"g5": host(store="nfs1", serves="old", purge=["org/other@" + C_OLD]),
+          "g6": host(store="nfs1", serves="other"),
+          "g7": host(store="", serves="other", purge=["org/other"])}
+    out = fleet_plan(["g5", "g6", "g7"], hv)
+    assert "org/other@" + C_OLD in out["stores"]["nfs1"]
+    problem = out["hosts"]["g5"]["store_problem"]
+    assert problem.startswith("model_purge: org/other@%s is in the shared store nfs1, where g6 serves it (other)" % C_OLD)
+    assert "store_problem" not in out["hosts"]["g6"] and "store_problem" not in out["hosts"]["g7"]   # g7: own disk
+    assert "sources" not in out
+
+
+def test_the_plan_takes_the_hosts_source_and_counts_a_store_once():
+    source = {"source": "store", "from": None, "round": 1, "bytes": 0, "line": "in the shared store nfs1, which g5 fills from the Hub (round 1)"}
+    out = planned(fleet={"source": source})
+    fetch = {s["step"]: s for s in out["plan"]["steps"]}["fetch"]
+    assert fetch["bytes"] == 0 and fetch["source"] == "store"
+    assert fetch["text"].endswith("which g5 fills from the Hub (round 1)")
+    refused = planned(fleet={"store_problem": "model_purge: org/x is in the shared store nfs1"})
+    assert refused["failure"]["step"] == "purge" and "shared store nfs1" in refused["failure"]["msg"]
+
+
+def test_a_shared_store_is_purged_by_its_first_host_only():
+    hv = {"g5": host(store="nfs1", purge=["org/x"]), "g6": host(store="nfs1", purge=["org/x"]), "g7": host()}
+    out = fleet_plan(["g5", "g6", "g7"], hv)
+    assert "purge_by" not in out["hosts"]["g5"] and out["hosts"]["g6"]["purge_by"] == "g5"
+    assert "purge_by" not in out["hosts"]["g7"]
+    planned_g6 = planned({"purge": {"items": ["org/x"], "removed": [{"name": "x", "bytes": 5}], "planned_bytes": 5}},
+                         fleet={"purge_by": "g5"})
+    assert planned_g6["todo"]["purge"] is False
+    purge = {s["step"]: s for s in planned_g6["plan"]["steps"]}["purge"]
+    assert purge["text"] == "the shared store's purge is g5's" and purge["bytes"] == 0

@@ -1,0 +1,213 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, modelswap engineers
+# Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0.txt)
+# SPDX-License-Identifier: Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: migrate_facts
+short_description: Read everything a migration's plan needs from one host, in one call
+version_added: "0.2.0"
+description:
+  - Read-only. What the C(migrate) role plans a host's migration from - what the host serves (the
+    deployment record, the serving unit and the units it replaces, the port's listeners, whether the
+    target's snapshot is fetched and verified), whether the wanted vLLM is installed (the fingerprint
+    the install step writes, else the virtualenv's own answer), whether the unit and its environment
+    files are the ones the controller would render (checksums; the API key file only as yes or no),
+    the disk plan (as M(modelswap.vllm.disk_plan)) and what the download would fetch (as
+    M(modelswap.vllm.hf_snapshot) plans it).
+  - The target's files come from O(listing), which the controller made once for the whole fleet
+    (M(modelswap.vllm.hf_snapshot) in check mode with C(return_listing)) - the host asks the Hub nothing
+    and needs no huggingface_hub, so it runs with the host's own Python, before vLLM is installed too.
+  - One host-side call instead of a dozen tasks - the controller's cost per host is per task, so a
+    fleet's preview is bound by this count (see the README's figures).
+  - Role-private in spirit (the C(migrate) role's read step) but usable alone.
+extends_documentation_fragment:
+  - modelswap.vllm.attributes.read_only
+  - ansible.builtin.action_common_attributes
+options:
+  listing:
+    description:
+      - The target's files at its commit, as M(modelswap.vllm.hf_snapshot) returned them with
+        C(return_listing=true) (C({commit, files})).
+    type: dict
+    required: true
+  service:
+    description: The serving slot to read (options of M(modelswap.vllm.vllm_service_facts)).
+    type: dict
+    required: true
+    suboptions:
+      unit: {description: The slot's systemd unit., type: str, default: vllm.service}
+      replaces: {description: Units set up outside modelswap that the slot replaces., type: list, elements: str, default: []}
+      port: {description: The serving port (its listeners are reported)., type: int}
+      record_path: {description: The deployment record., type: path, default: /var/lib/modelswap/deployment.json}
+      snapshot_path: {description: An explicit snapshot folder of the target., type: path}
+      cache_dir: {description: The Hugging Face cache the target is fetched into., type: path}
+      verification: {description: How the target's snapshot must be verified., type: str, choices: [full, size, none], default: full}
+      paths: {description: Files whose existence is reported., type: list, elements: path, default: []}
+  install:
+    description: The vLLM virtualenv and the install the controller wants there.
+    type: dict
+    required: true
+    suboptions:
+      venv: {description: The virtualenv., type: path, required: true}
+      expected:
+        description:
+          - What the install step's fingerprint must say (C(version), and the source keys it writes);
+            empty values are not compared. Without a fingerprint only C(version) is compared, with the
+            version the virtualenv's python reports.
+        type: dict
+        default: {}
+  config:
+    description: The slot's configuration files to compare with what the controller would render.
+    type: dict
+    default: {}
+    suboptions:
+      files: {description: Files whose sha1 is returned (C(null) when absent)., type: list, elements: path, default: []}
+      secret_path: {description: The API key file., type: path}
+      secret_sha1:
+        description: The sha1 the API key file would have. Only RV(config.secret_matches) says whether it has.
+        type: str
+        no_log: true
+        default: ""
+  store:
+    description:
+      - The model store and the plan's rules, as M(modelswap.vllm.disk_plan) takes them (C(target),
+        C(models), C(cache_dir), C(models_dir), C(keep), C(headroom), C(candidates), ...). The Hub is never
+        asked (O(listing) has the target's files).
+    type: dict
+    required: true
+  purge:
+    description: How the purge step would act on the plan (the options of the C(model_purge) role).
+    type: dict
+    default: {}
+    suboptions:
+      allowed: {description: Purging is allowed (model_purge_allowed)., type: bool, default: true}
+      all_listed: {description: Delete every candidate instead of the shortest prefix that fits., type: bool, default: false}
+      clean_orphans: {description: Reclaim orphaned partial downloads and stale locks., type: bool, default: true}
+  fetch:
+    description: How the download would store the target.
+    type: dict
+    default: {}
+    suboptions:
+      local_dir: {description: A plain folder instead of the cache (model_fetch_local_dir)., type: path}
+      verify: {description: The verification the download would do., type: str, choices: [full, size], default: full}
+author:
+  - modelswap engineers
+"""
+
+EXAMPLES = r"""
+- name: Read the host for the migration to the target the controller listed
+  modelswap.vllm.migrate_facts:
+    listing: "{{ target_listing.listing }}"
+    service: {unit: vllm.service, port: 8000, cache_dir: /var/lib/modelswap/hf/hub}
+    install: {venv: /opt/modelswap/venvs/vllm-0.32.0, expected: {version: 0.32.0}}
+    store: {cache_dir: /var/lib/modelswap/hf/hub, models: "{{ modelswap_models }}", target: kimi-k2.5-int4}
+  register: host_read
+"""
+
+RETURN = r"""
+service:
+  description: What M(modelswap.vllm.vllm_service_facts) returns for the slot and the target.
+  returned: success
+  type: dict
+install:
+  description: The virtualenv's vLLM.
+  returned: success
+  type: dict
+  contains:
+    fingerprint: {description: The install step's fingerprint (null when absent)., type: dict}
+    version: {description: The installed vLLM version (from the fingerprint or the virtualenv)., type: str}
+    source: {description: "C(fingerprint) or C(virtualenv): where the version came from.", type: str}
+    exists: {description: The vllm executable is there., type: bool}
+    matches: {description: The wanted vLLM is installed (no install needed)., type: bool}
+config:
+  description: The configuration files.
+  returned: success
+  type: dict
+  contains:
+    sha1: {description: Path to the sha1 of its content (null when absent)., type: dict}
+    secret_matches: {description: The API key file holds what the controller would write., type: bool}
+disk:
+  description: The disk plan, as M(modelswap.vllm.disk_plan) returns it.
+  returned: success
+  type: dict
+purge:
+  description:
+    - What M(modelswap.vllm.model_purge) would delete for the plan (its check-mode result, plus C(items)),
+      or null when there is nothing to reclaim.
+  returned: success
+  type: dict
+fetch:
+  description: What the download would do, as M(modelswap.vllm.hf_snapshot) plans it.
+  returned: success
+  type: dict
+  contains:
+    commit: {description: The target's commit., type: str}
+    verified: {description: A verified manifest covers every file (nothing to fetch or verify)., type: bool}
+    would_fetch: {description: "Files and bytes to download, files to verify (as hf_snapshot's check mode).", type: dict}
+    snapshot_path: {description: The snapshot folder., type: str}
+timings:
+  description: Seconds each part of the read took.
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
+
+SERVICE_OPTIONS = dict(
+    unit=dict(type="str", default="vllm.service"),
+    replaces=dict(type="list", elements="str", default=[]),
+    port=dict(type="int"),
+    record_path=dict(type="path", default="/var/lib/modelswap/deployment.json"),
+    snapshot_path=dict(type="path"),
+    cache_dir=dict(type="path"),
+    verification=dict(type="str", choices=["full", "size", "none"], default="full"),
+    paths=dict(type="list", elements="path", default=[]),
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            listing=dict(type="dict", required=True),
+            service=dict(type="dict", required=True, options=SERVICE_OPTIONS),
+            install=dict(type="dict", required=True, options=dict(
+                venv=dict(type="path", required=True),
+                expected=dict(type="dict", default={}),
+            )),
+            config=dict(type="dict", default={}, apply_defaults=True, options=dict(
+                files=dict(type="list", elements="path", default=[]),
+                secret_path=dict(type="path"),
+                secret_sha1=dict(type="str", no_log=True, default=""),
+            )),
+            store=dict(type="dict", required=True,
+                       options=dict(store_context.STORE_ARGS, **store_context.PLAN_ARGS)),
+            purge=dict(type="dict", default={}, apply_defaults=True, options=dict(
+                allowed=dict(type="bool", default=True),
+                all_listed=dict(type="bool", default=False),
+                clean_orphans=dict(type="bool", default=True),
+            )),
+            fetch=dict(type="dict", default={}, apply_defaults=True, options=dict(
+                local_dir=dict(type="path"),
+                verify=dict(type="str", choices=["full", "size"], default="full"),
+            )),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result = migrate_facts.gather(module.params, HostCommands.of(module))
+    except migrate_facts.ReadError as exc:
+        module.fail_json(msg=str(exc))
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
