@@ -123,6 +123,8 @@ def test_the_inventory_tells_the_lb_pool_role_where_the_load_balancer_is(tmp_pat
     assert variables["lb_pool_haproxy_backend"] == "vllm"
     assert variables["lb_pool_haproxy_stats_url"] == lab.lb_stats_url
     assert variables["modelswap_lab_lb_url"] == lab.lb_url
+
+
 @pytest.mark.parametrize("text, message", [
     ("gpu3,gpu9", "gpu9 not among the lab's hosts"),
     ("gpu2", "needs two hosts or more"),
