@@ -34,9 +34,9 @@ $(VENV)/.stamp: requirements.txt requirements-test.txt
 	$(BIN)/python -c "import ansible, ansible_runner, huggingface_hub, pynvml, locust, pytest, safetensors, tokenizers"
 	touch $@
 
-deps: ## host packages the lab needs (systemd-nspawn, debootstrap)
-	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container debootstrap zstd >/dev/null; }
+deps: ## host packages the lab needs (systemd-nspawn, debootstrap, zstd, haproxy; no service is started)
+	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null \
+	  && command -v haproxy >/dev/null || tests/lab/apt_install.sh systemd-container debootstrap zstd haproxy
 
 lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM wheelhouse
 	$(LABCTL) up --hosts $(LAB_HOSTS) $(if $(LAB_SHARED_STORE),--shared-store $(LAB_SHARED_STORE))

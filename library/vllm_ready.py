@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: vllm_ready
-short_description: Wait until a vLLM server is ready (or gone), gate by gate
+short_description: Wait until a vLLM server is ready, idle, or gone
 version_added: "0.1.0"
 description:
   - With O(state=ready), waits - bounded by O(timeout) - through four gates in order, the port
@@ -25,6 +25,13 @@ description:
     for compilation unless O(enforce_eager).
   - With O(state=stopped), waits until no process of O(unit) is left and nothing listens on the
     port, so a new server can start without sharing the port or memory with the old one.
+  - With O(state=idle), waits until the server has no request in flight - C(vllm:num_requests_running)
+    plus C(vllm:num_requests_waiting) of O(served_model_name), read from C(/metrics), stay 0 for
+    O(idle_settle) seconds - so a server taken out of its load balancer is stopped only after its
+    last request ended. A server that refuses the connection has nothing in flight (RV(server_absent)).
+    It reads at least once, so O(timeout=0) with O(idle_settle=0) returns what is in flight now
+    (what a preview shows); a settle that began before the deadline may end after it, by
+    O(idle_settle) at most.
 extends_documentation_fragment:
   - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
@@ -32,9 +39,9 @@ options:
   state:
     description:
       - C(ready) waits for the gates; C(stopped) waits until the unit's processes and the
-        port's listeners are gone.
+        port's listeners are gone; C(idle) waits until no request is in flight.
     type: str
-    choices: [ready, stopped]
+    choices: [ready, stopped, idle]
     default: ready
   host:
     description:
@@ -57,10 +64,13 @@ options:
     description:
       - The name C(/v1/models) must list (the first C(--served-model-name)). Without it any
         listed model passes and the completion uses the first one.
+      - With O(state=idle), only this model's requests count (the C(model_name) label of the
+        metrics); without it, every model's.
     type: str
   api_key:
     description:
-      - The server's API key (C(VLLM_API_KEY)), sent as a bearer token to C(/v1) routes.
+      - The server's API key (C(VLLM_API_KEY)), sent as a bearer token to C(/v1) routes (and to
+        C(/metrics) with O(state=idle), for a server that does not leave it open).
     type: str
   api_key_file:
     description:
@@ -71,7 +81,8 @@ options:
   timeout:
     description:
       - Seconds to wait in total. Default for O(state=ready) - derived from the model's size
-        and parallelism (see the description); for O(state=stopped) - 120.
+        and parallelism (see the description); for O(state=stopped) - 120; for O(state=idle) -
+        300.
     type: float
   model_path:
     description:
@@ -117,7 +128,8 @@ options:
   unit:
     description:
       - The systemd unit that runs the server. Enables the early stop on a failed unit, the
-        port owner check, the journal lines on failure, and O(state=stopped).
+        port owner check, the journal lines on failure, and O(state=stopped). O(state=idle)
+        does not use it.
     type: str
   check_port_owner:
     description:
@@ -132,10 +144,18 @@ options:
     default: 40
   fail_when_not_ready:
     description:
-      - Fail when the gates do not pass (or the service is not gone). With C(false) the result
-        says RV(ready=false) and why.
+      - Fail when the gates do not pass (or the service is not gone, or not idle). With C(false)
+        the result says RV(ready=false) and why.
     type: bool
     default: true
+  idle_settle:
+    description:
+      - O(state=idle) - seconds the running and waiting requests must stay 0 before the server
+        counts as idle (a request spends a moment in the API server before the engine counts it,
+        and its last chunks leave after the engine is done with it). V(0) takes the first reading
+        of 0.
+    type: float
+    default: 1.0
 attributes:
   check_mode:
     support: full
@@ -175,11 +195,25 @@ EXAMPLES = r"""
     port: 8000
     unit: vllm.service
     timeout: 120
+
+- name: Wait until the requests in flight have ended (the host is out of its load balancer)
+  modelswap.vllm.vllm_ready:
+    state: idle
+    port: 8000
+    served_model_name: kimi-k2.5
+    timeout: 300
+    poll_interval: 0.5
+  register: idle
+
+- name: Say how long it took and what was in flight
+  ansible.builtin.debug:
+    msg: "{{ idle.elapsed }} s; in flight at the start: {{ idle.in_flight }}"
 """
 
 RETURN = r"""
 ready:
   description: O(state=ready) - all gates passed. O(state=stopped) - the service is gone.
+    O(state=idle) - no request was in flight for O(idle_settle) seconds (or nothing listens).
   returned: always
   type: bool
   sample: true
@@ -204,7 +238,8 @@ failed_gate:
   type: str
   sample: health
 last_error:
-  description: The last error seen at the failed gate, or why the wait stopped early.
+  description: The last error seen at the failed gate, or why the wait stopped early; with
+    O(state=idle), what was still in flight at the end, or the error of the last reading.
   returned: when not ready
   type: str
   sample: vllm.service exited during start-up (main process exit status 1, exit-code)
@@ -213,6 +248,33 @@ stopped_by:
     (an answer that waiting cannot change), or C(timeout).
   returned: when not ready
   type: str
+in_flight:
+  description: O(state=idle) - the requests in flight at the first reading (when the wait began),
+    C(null) when no reading succeeded.
+  returned: state=idle
+  type: dict
+  sample: {"running": 3, "waiting": 1}
+in_flight_last:
+  description: O(state=idle) - the requests in flight at the last reading.
+  returned: state=idle
+  type: dict
+  sample: {"running": 0, "waiting": 0}
+samples:
+  description: O(state=idle) - how many readings of C(/metrics) succeeded.
+  returned: state=idle
+  type: int
+  sample: 7
+server_absent:
+  description: O(state=idle) - the connection was refused, nothing listens on the port, so
+    nothing is in flight.
+  returned: state=idle
+  type: bool
+  sample: false
+idle_settle:
+  description: O(state=idle) - the settle time used, in seconds.
+  returned: state=idle
+  type: float
+  sample: 1.0
 models:
   description: The model names C(/v1/models) listed.
   returned: state=ready, once that gate passed
@@ -225,7 +287,7 @@ completion:
   type: dict
 port_listeners:
   description: Processes listening on the port at the end (PID, user, command line, systemd unit).
-  returned: always
+  returned: state=ready or state=stopped
   type: list
   elements: dict
   sample: [{"pid": 812, "user": "vllm", "unit": "vllm.service", "address": "0.0.0.0",
@@ -268,7 +330,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["ready", "stopped"], default="ready"),
+            state=dict(type="str", choices=["ready", "stopped", "idle"], default="ready"),
             host=dict(type="str", default="127.0.0.1"),
             port=dict(type="int", required=True),
             scheme=dict(type="str", choices=["http", "https"], default="http"),
@@ -288,6 +350,7 @@ def main():
             check_port_owner=dict(type="bool", default=True),
             journal_lines=dict(type="int", default=40),
             fail_when_not_ready=dict(type="bool", default=True),
+            idle_settle=dict(type="float", default=1.0),
         ),
         required_if=[("state", "stopped", ("unit",), True)],
         mutually_exclusive=[("api_key", "api_key_file")],
@@ -303,9 +366,12 @@ def main():
             if params["api_key"]:
                 module.no_log_values.add(params["api_key"])
         budget = vllm_ready.budget_for(params)
-        unit = vllm_ready.UnitReader(HostCommands.of(module), params["unit"]) if params["unit"] else None
-        wait = vllm_ready.wait_until_stopped if params["state"] == "stopped" else vllm_ready.wait_until_ready
-        result, failure = wait(params, unit, budget)
+        if params["state"] == "idle":
+            result, failure = vllm_ready.wait_until_idle(params, budget)
+        else:
+            unit = vllm_ready.UnitReader(HostCommands.of(module), params["unit"]) if params["unit"] else None
+            wait = vllm_ready.wait_until_stopped if params["state"] == "stopped" else vllm_ready.wait_until_ready
+            result, failure = wait(params, unit, budget)
     except vllm_ready.ReadyError as exc:
         module.fail_json(msg=str(exc))
     if failure:

@@ -12,7 +12,12 @@ The port owner is read from /proc (``/proc/net/tcp*`` -> socket inode -> ``/proc
 process's systemd unit from ``/proc/PID/cgroup``, so a second vLLM sharing the port
 (SO_REUSEPORT) or a stray process is caught, not mistaken for the new service.
 
-The module vllm_ready is a thin shell over ``wait_until_ready`` / ``wait_until_stopped``: they take
+Before a server is stopped behind a load balancer, ``wait_until_idle`` waits until it has no
+request in flight: ``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` of the served
+model, read from ``/metrics`` (bench/vllm_metrics.py's parser), stay 0 for a settle time.
+
+The module vllm_ready is a thin shell over ``wait_until_ready`` / ``wait_until_stopped`` /
+``wait_until_idle``: they take
 plain option values, a ``UnitReader`` (systemctl and journalctl through a ``HostCommands``) and
 the clock. Every function that touches the system takes the procfs root, a clock, a HostCommands
 or a callable, so the tests drive it with a local HTTP server, fake /proc trees and fake commands.
@@ -28,6 +33,7 @@ import urllib.error
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import SSLValidationError, open_url
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench.vllm_metrics import parse_metrics
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import parse_systemctl_show
 
@@ -79,11 +85,13 @@ def tree_size(path: str) -> int:
 # HTTP gates
 # --------------------------------------------------------------------------------------------
 class GateError(Exception):
-    """A gate did not pass. ``final`` means waiting cannot fix it."""
+    """A gate did not pass. ``final`` means waiting cannot fix it; ``refused`` that nothing
+    listens on the port (the connection was refused)."""
 
-    def __init__(self, message, final=False):
+    def __init__(self, message, final=False, refused=False):
         Exception.__init__(self, message)
         self.final = final
+        self.refused = refused
 
 
 def _request(url, *, api_key=None, body=None, timeout=10.0):
@@ -107,7 +115,8 @@ def _request(url, *, api_key=None, body=None, timeout=10.0):
         status, raw = exc.code, exc.read(1 << 16) if exc.fp else b""
     except (urllib.error.URLError, OSError, ValueError, UrlsConnectionError, SSLValidationError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise GateError("no answer from %s: %s" % (url.split("?")[0], reason))
+        raise GateError("no answer from %s: %s" % (url.split("?")[0], reason),
+                        refused=isinstance(reason, ConnectionRefusedError) or isinstance(exc, ConnectionRefusedError))
     text = raw.decode("utf-8", "replace")
     try:
         return status, json.loads(text)
@@ -232,6 +241,39 @@ def _outcome(ready, gates, elapsed, failed_gate, error, extra, stopped_by):
     return {"ready": ready, "gates": gates, "elapsed": round(elapsed, 3), "failed_gate": failed_gate,
             "last_error": error, "models": extra.get("models"), "completion": extra.get("completion"),
             "stopped_by": stopped_by}
+
+
+# --------------------------------------------------------------------------------------------
+# requests in flight (/metrics)
+# --------------------------------------------------------------------------------------------
+IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def in_flight_of(text: str, served_name=None) -> dict:
+    """{"running": n, "waiting": n} of a /metrics text, for ``served_name`` (every model when
+    None); GateError (final) when the text has neither gauge (not vLLM, or another version)."""
+    values, _cache = parse_metrics(text, served_name)
+    if not any(name in values for name in IN_FLIGHT_METRICS):
+        raise GateError("/metrics has no %s%s: not a vLLM server, or one that does not serve that model"
+                        % (" or ".join(IN_FLIGHT_METRICS),
+                           " for model_name=%r" % served_name if served_name else ""), final=True)
+    return {"running": int(values.get(IN_FLIGHT_METRICS[0], 0)),
+            "waiting": int(values.get(IN_FLIGHT_METRICS[1], 0))}
+
+
+def read_in_flight(base, served_name=None, api_key=None, timeout=10.0, request=None) -> dict:
+    """The requests in flight on the server at ``base`` (GET /metrics): {"running", "waiting"}.
+    GateError when it does not answer (``refused`` when nothing listens), final when the answer
+    cannot change by waiting (a rejected key, no /metrics, no gauges)."""
+    status, payload = (request or _request)(base + "/metrics", api_key=api_key, timeout=timeout)
+    err = _auth_error(status, "/metrics")
+    if err:
+        raise err
+    if status != 200:
+        raise GateError("/metrics answered %d %s" % (status, _short(payload)), final=status == 404)
+    if not isinstance(payload, str):
+        raise GateError("/metrics answered JSON, not Prometheus text: %s" % _short(payload), final=True)
+    return in_flight_of(payload, served_name)
 
 
 def env_file_value(text: str, name: str):
@@ -506,6 +548,10 @@ JOURNAL_SCAN = 2000
 _PROBE_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
+# state=idle: the default budget, and how long running + waiting must stay 0.
+IDLE_TIMEOUT_S = 300.0
+
+
 class ReadyError(Exception):
     """The module fails with this message and no result (a bad option, an unreadable unit)."""
 
@@ -521,6 +567,8 @@ def probe_host(host: str) -> str:
 
 def options_problem(params: dict):
     """What is wrong with the module's options (the message it fails with), or None."""
+    if params.get("idle_settle") is not None and params["idle_settle"] < 0:
+        return "vllm_ready: idle_settle must be >= 0 seconds"
     if not 0 < params["port"] < 65536:
         return "vllm_ready: port %d is not a TCP port (1..65535)" % params["port"]
     if params["timeout"] is not None and params["timeout"] < 0:
@@ -554,6 +602,8 @@ def budget_for(params: dict, size_of=tree_size) -> dict:
         return {"seconds": params["timeout"], "derived": False, "model_bytes": None}
     if params["state"] == "stopped":
         return {"seconds": 120.0, "derived": False, "model_bytes": None}
+    if params["state"] == "idle":
+        return {"seconds": IDLE_TIMEOUT_S, "derived": False, "model_bytes": None}
     size = size_of(params["model_path"]) if params["model_path"] else 0
     seconds = startup_budget(size, params["parallel_size"], params["enforce_eager"])
     return {"seconds": float(seconds), "derived": True, "model_bytes": size}
@@ -721,3 +771,88 @@ def wait_until_ready(params: dict, unit, budget: dict, *, clock=time.monotonic, 
     if not params["fail_when_not_ready"]:
         return result, None
     return result, not_ready_message(params, outcome, budget, result)
+
+
+def _base_url(params: dict) -> str:
+    host = probe_host(params["host"])
+    return "%s://%s:%d" % (params["scheme"], host if ":" not in host else "[%s]" % host, params["port"])
+
+
+def wait_until_idle(params: dict, budget: dict, *, clock=time.monotonic, sleep=time.sleep,
+                    read=read_in_flight):
+    """Wait until the server has no request in flight: running + waiting of the served model stay
+    0 for ``idle_settle`` seconds (a request spends a moment in the API server before the engine
+    counts it, and its last chunks leave after the engine is done with it). A server that refuses
+    the connection has nothing in flight (idle at once, ``server_absent``). One reading at least,
+    whatever the budget: with ``timeout: 0`` the result says what is in flight now. A settle
+    that began within the budget may end after it (by ``idle_settle`` at most): a server seen idle
+    at the deadline is not reported busy.
+
+    Returns (result, failure message or None); the message only with fail_when_not_ready.
+    """
+    base = _base_url(params)
+    settle = params.get("idle_settle")
+    settle = 1.0 if settle is None else settle
+    start = clock()
+    first = last = None
+    idle_since = None
+    samples = 0
+    last_error = None
+    stopped_by = None
+    absent = False
+    while True:
+        now = clock()
+        try:
+            counts = read(base, params["served_model_name"], params["api_key"], params["request_timeout"])
+        except GateError as exc:
+            if exc.refused:
+                absent, last_error = True, None
+                break
+            last_error = str(exc)
+            idle_since = None
+            if exc.final:
+                stopped_by = "final"
+                break
+        else:
+            samples += 1
+            first = first or counts
+            last = counts
+            last_error = None
+            if counts["running"] + counts["waiting"] == 0:
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since >= settle:
+                    break
+            else:
+                idle_since = None
+        remaining = budget["seconds"] - (clock() - start)
+        if idle_since is not None:          # settling: at most idle_settle past the deadline
+            remaining = max(remaining, idle_since + settle - clock())
+        if remaining <= 0:
+            stopped_by = "timeout"
+            break
+        sleep(min(params["poll_interval"], remaining))
+    ready = absent or (stopped_by is None)
+    result = {"ready": ready, "elapsed": round(clock() - start, 3), "budget": budget,
+              "in_flight": first, "in_flight_last": last, "samples": samples, "server_absent": absent,
+              "idle_settle": settle, "monotonic": clock(), "changed": False}
+    if ready:
+        return result, None
+    result["stopped_by"] = stopped_by
+    result["last_error"] = last_error or "%d running, %d waiting" % (last["running"], last["waiting"])
+    if not params["fail_when_not_ready"]:
+        return result, None
+    return result, not_idle_message(params, base, result)
+
+
+def not_idle_message(params: dict, base: str, result: dict) -> str:
+    """The failure message of a wait for idle: what was and still is in flight, and the fix."""
+    name = params["served_model_name"] or "the server"
+    if result["stopped_by"] == "final" or result["in_flight_last"] is None:
+        return ("vllm_ready: cannot tell whether %s on %s is idle: %s"
+                % (name, base, result["last_error"]))
+    first, last = result["in_flight"], result["in_flight_last"]
+    return ("vllm_ready: %s on %s still had requests in flight after %s s (budget %s s): %d running, "
+            "%d waiting (%d running, %d waiting when the wait began). Raise the timeout, or find the "
+            "clients that reach the server without the load balancer"
+            % (name, base, format_seconds(result["elapsed"]), format_seconds(result["budget"]["seconds"]),
+               last["running"], last["waiting"], first["running"], first["waiting"]))

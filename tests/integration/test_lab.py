@@ -141,3 +141,27 @@ def test_reset_stops_and_removes_what_a_demo_or_an_earlier_run_left(lab):
     assert ":8000" not in out and ":8001" not in out
     assert json.loads(out.strip().splitlines()[-1]) == {"fetched": {"lab/tiny-a": {"commit": "c"}}}
     assert lab.ssh(host, "systemctl is-active vllm.service", check=False).stdout.strip() != "active"
+
+
+def test_the_load_balancer_fronts_every_host_and_reset_sets_its_servers_ready(lab):
+    """HAProxy lists a server per host on the vLLM port, its stats page answers on the bridge, the
+    inventory says where it is; a server left in maintenance or drain is ready again after
+    `labctl reset`."""
+    import yaml
+
+    from tests.lab import labctl
+    handle = labctl.lab_from_env()
+    stats = fetch(handle.lb_stats_url)
+    assert stats.startswith("# pxname,svname,") and "\nvllm,gpu1," in stats and "\nvllm,gpu2," in stats
+    assert set(lab.lb_servers()) == set(lab.hosts)
+    config = handle.lb_config.read_text()
+    assert f"server gpu1 {lab.address('gpu1')}:8000 check" in config and f"bind {handle.gateway}:" in config
+    variables = yaml.safe_load(lab.inventory.read_text())["all"]["children"]["gpu_hosts"]["vars"]
+    assert variables["lb_pool_haproxy_socket"] == str(handle.lb_socket) and variables["lb_pool_type"] == "haproxy"
+    assert variables["modelswap_lab_lb_url"] == lab.lb_url
+
+    lab.lb_command("disable server vllm/gpu1")
+    lab.lb_command("set server vllm/gpu2 state drain")
+    assert lab.lb_servers()["gpu1"] == "MAINT"
+    labctl.reset(handle)
+    assert not any(status.startswith(("MAINT", "DRAIN")) for status in lab.lb_servers().values())

@@ -135,9 +135,10 @@ def test_a_half_built_lab_is_cleaned_by_down(env, monkeypatch):
         labctl.up(handle, 1, with_wheelhouse=False)
     state = labctl.load_state(handle)
     assert state and bridge_exists() and labctl.nspawn_pid(handle, "gpu1")
-    hub_pid = state["hub_pid"]
+    hub_pid, lb_pid = state["hub_pid"], state["lb_pid"]
+    assert labctl.pid_alive(lb_pid, labctl.LB_CONFIG_NAME)
 
     labctl.down(labctl.lab_from_env())
-    assert not bridge_exists() and not labctl.pid_alive(hub_pid)
+    assert not bridge_exists() and not labctl.pid_alive(hub_pid) and not labctl.pid_alive(lb_pid)
     assert not os.path.ismount(handle.root("gpu1"))
     assert labctl.load_state(handle) is None

@@ -39,6 +39,23 @@ class Lab:
         return self._lab.address(host)
 
     @property
+    def lb_url(self) -> str:
+        """The load balancer's frontend (HAProxy on the bridge), where clients send requests."""
+        return self._lab.lb_url
+
+    def lb_servers(self) -> dict[str, str]:
+        """{server: HAProxy status} of the load balancer's backend (UP, DOWN, MAINT, ...)."""
+        return labctl.lb_servers(self._lab)
+
+    def lb_rows(self) -> dict[str, dict]:
+        """{server: HAProxy's `show stat` row} (status, scur, lbtot, lastchg, ...)."""
+        return labctl.lb_rows(self._lab)
+
+    def lb_command(self, command: str) -> str:
+        """One command on HAProxy's runtime API (tests set up states the role must meet)."""
+        return labctl.lb_command(self._lab, command)
+
+    @property
     def hub(self):
         from tests.lab.hub.client import HubClient
         return HubClient(self.hub_url, self._lab.state_dir / "hub")

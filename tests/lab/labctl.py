@@ -5,6 +5,11 @@
     python -m tests.lab.labctl down             stop everything by PID, unmount, remove bridge/cgroups
     python -m tests.lab.labctl status           what runs, where
     python -m tests.lab.labctl reset            bring the hosts back to the known state (nothing served)
+                                                and every server of the load balancer to ready
+
+The lab's load balancer is HAProxy (Debian's package): a frontend on the bridge that spreads
+requests over every host's vLLM port, health-checked on /health, with a runtime API socket
+(level admin) and a stats page (CSV) in the lab's state folder and on the bridge.
 
 Everything the lab starts is recorded in its state file (PIDs, mounts, bridge, cgroups) so the
 teardown ends exactly what the lab started. The lab has a name (MODELSWAP_LAB, default "msl")
@@ -14,6 +19,7 @@ Measured facts behind the choices here: docs/lab.md.
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import ipaddress
 import secrets
@@ -38,6 +44,12 @@ CACHE = Path(os.environ.get("MODELSWAP_LAB_CACHE", "/var/cache/modelswap-lab"))
 STATE_ROOT = Path(os.environ.get("MODELSWAP_LAB_STATE", "/var/lib/modelswap-lab"))
 HUB_PORT = int(os.environ.get("MODELSWAP_LAB_HUB_PORT", "8480"))
 INVENTORY = Path(os.environ.get("MODELSWAP_LAB_INVENTORY", REPO / "inventory" / "lab" / "hosts.yml"))
+# The load balancer: its frontend and its stats page listen on the bridge's address.
+LB_PORT = int(os.environ.get("MODELSWAP_LAB_LB_PORT", "8400"))
+LB_STATS_PORT = int(os.environ.get("MODELSWAP_LAB_LB_STATS_PORT", "8404"))
+LB_BACKEND = "vllm"
+LB_SERVER_PORT = 8000      # vllm_service_port's default: where each host's vLLM listens
+LB_CONFIG_NAME = "modelswap-lab-haproxy.cfg"   # its name marks a lab's haproxy (tests/lab/apt_install.sh)
 VLLM_WHEELHOUSE_IN_HOST = "/opt/wheelhouse"
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
                  "iproute2", "procps", "sudo", "curl", "libnuma1", "libgomp1",
@@ -135,6 +147,22 @@ class Lab:
     def hub_url(self) -> str:
         return f"http://{self.gateway}:{HUB_PORT}"
 
+    @property
+    def lb_config(self) -> Path:
+        return self.state_dir / LB_CONFIG_NAME
+
+    @property
+    def lb_socket(self) -> Path:
+        return self.state_dir / "haproxy.sock"
+
+    @property
+    def lb_url(self) -> str:
+        return f"http://{self.gateway}:{LB_PORT}"
+
+    @property
+    def lb_stats_url(self) -> str:
+        return f"http://{self.gateway}:{LB_STATS_PORT}/stats;csv"
+
     def cgroup(self, hierarchy: str, host: str | None = None) -> Path:
         path = Path("/sys/fs/cgroup") / hierarchy / "modelswap-lab" / self.name
         return path / host if host else path
@@ -194,10 +222,10 @@ def preflight(lab: Lab, reuse: bool) -> None:
     if os.geteuid() != 0:
         raise LabError("the lab needs root (it mounts overlays, creates a bridge and boots "
                        "containers): run `sudo make lab-up`")
-    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen", "zstd"):
+    for tool in ("systemd-nspawn", "debootstrap", "ip", "ssh", "ssh-keygen", "zstd", "haproxy"):
         if not shutil.which(tool):
             raise LabError(f"`{tool}` is missing: run `make deps` (apt-get install "
-                           "systemd-container debootstrap zstd openssh-client iproute2)")
+                           "systemd-container debootstrap zstd haproxy openssh-client iproute2)")
     for folder in (CACHE, STATE_ROOT):
         folder.mkdir(parents=True, exist_ok=True)
         st = os.statvfs(folder)
@@ -217,6 +245,15 @@ def preflight(lab: Lab, reuse: bool) -> None:
         raise LabError(f"TCP port {HUB_PORT} (the lab's Hub) is already in use on this machine: "
                        "stop what holds it (`ss -ltnp 'sport = :%d'`) or set "
                        "MODELSWAP_LAB_HUB_PORT=<port>" % HUB_PORT)
+    if len({HUB_PORT, LB_PORT, LB_STATS_PORT}) < 3:
+        raise LabError(f"the Hub, the load balancer and its stats page need three ports, not {HUB_PORT}, "
+                       f"{LB_PORT}, {LB_STATS_PORT}: set MODELSWAP_LAB_LB_PORT / MODELSWAP_LAB_LB_STATS_PORT")
+    for port, what, variable in ((LB_PORT, "the load balancer's frontend", "MODELSWAP_LAB_LB_PORT"),
+                                 (LB_STATS_PORT, "the load balancer's stats page", "MODELSWAP_LAB_LB_STATS_PORT")):
+        holders = port_listeners(port, lab.gateway)
+        if holders:
+            raise LabError(f"TCP port {port} ({what}) is already listened on at {', '.join(holders)}: "
+                           f"stop what holds it (`ss -ltnp 'sport = :{port}'`) or set {variable}=<port>")
     net = ipaddress.ip_network(f"{lab.subnet}.0/24")
     routes = run(["ip", "-j", "route", "show"]).stdout
     for route in json.loads(routes or "[]"):
@@ -241,6 +278,35 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def port_listeners(port: int, address: str, proc_net: Path = Path("/proc/net")) -> list[str]:
+    """The local addresses of LISTEN sockets on `port` that would clash with a bind to `address`:
+    that address itself or a wildcard one (0.0.0.0, ::). Another lab's listener on its own bridge
+    address does not clash, so labs on other subnets share a port number."""
+    found = []
+    for name, width in (("tcp", 8), ("tcp6", 32)):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "0A":          # 0A: TCP_LISTEN
+                continue
+            hex_addr, _, hex_port = fields[1].partition(":")
+            if int(hex_port, 16) != port or len(hex_addr) != width:
+                continue
+            raw = bytes.fromhex(hex_addr)
+            if width == 8:
+                local = str(ipaddress.IPv4Address(raw[::-1]))
+            else:   # four little-endian 32-bit words
+                local = str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+                mapped = ipaddress.IPv6Address(local).ipv4_mapped
+                local = str(mapped) if mapped else local
+            if local in (address, "0.0.0.0", "::"):
+                found.append(f"{local}:{port}")
+    return sorted(set(found))
 
 
 # --------------------------------------------------------------------------- the base image
@@ -491,6 +557,14 @@ def write_inventory(lab: Lab, state: dict) -> Path:
         f"        modelswap_lab_hub_url: {lab.hub_url}\n"
         f"        modelswap_lab_wheelhouse: {state.get('wheelhouse', '')}\n"
         f"        modelswap_lab_api_key_file: {lab.state_dir / 'api_key'}\n"
+        "        # The lab's load balancer (HAProxy on this machine) for the lb_pool role; clients\n"
+        "        # reach the fleet through modelswap_lab_lb_url.\n"
+        f"        modelswap_lab_lb_url: {lab.lb_url}\n"
+        "        lb_pool_type: haproxy\n"
+        "        lb_pool_lb_host: localhost\n"
+        f"        lb_pool_haproxy_socket: {lab.lb_socket}\n"
+        f"        lb_pool_haproxy_backend: {LB_BACKEND}\n"
+        f"        lb_pool_haproxy_stats_url: \"{lab.lb_stats_url}\"\n"
         "        # One bridge, one site: with model_fetch_peers the hosts copy from each other.\n"
         f"        modelswap_site: {lab.name}\n"
         f"        modelswap_peer_ssh_key: {PEER_KEY_IN_HOST}\n"
@@ -536,6 +610,125 @@ def publish_models(lab: Lab) -> dict:
     return published
 
 
+# --------------------------------------------------------------------------- the load balancer
+
+def haproxy_config(lab: Lab) -> str:
+    """The lab's HAProxy configuration: one frontend on the bridge, one backend with a server per
+    host (named like the host, at the vLLM port), health checks on /health, the runtime API
+    (level admin) in the state folder and a stats page (CSV at <stats>/stats;csv) on the bridge.
+
+    No `option redispatch` and no retries: a request sent to a host that stopped serving fails,
+    so the lab shows whether a swap drained the host first (tests/support/lb_load.py counts it).
+    """
+    servers = "".join(f"    server {h} {lab.address(h)}:{LB_SERVER_PORT} check\n" for h in lab.hosts)
+    return (
+        f"# Written by labctl for lab '{lab.name}' (make lab-up); rewritten on every start.\n"
+        "global\n"
+        f"    stats socket {lab.lb_socket} mode 600 level admin\n"
+        "    stats timeout 30s\n"
+        "    log stdout format raw local0\n"
+        "\n"
+        "defaults\n"
+        "    mode http\n"
+        "    log global\n"
+        "    option httplog\n"
+        "    timeout connect 2s\n"
+        "    timeout client 5m\n"
+        "    timeout server 5m\n"
+        "    timeout http-request 10s\n"
+        "\n"
+        "frontend vllm-in\n"
+        f"    bind {lab.gateway}:{LB_PORT}\n"
+        f"    default_backend {LB_BACKEND}\n"
+        "\n"
+        f"backend {LB_BACKEND}\n"
+        "    balance roundrobin\n"
+        "    option httpchk GET /health\n"
+        "    http-check expect status 200\n"
+        "    default-server inter 1s fastinter 500ms downinter 1s fall 2 rise 2\n"
+        f"{servers}"
+        "\n"
+        "frontend stats\n"
+        f"    bind {lab.gateway}:{LB_STATS_PORT}\n"
+        "    stats enable\n"
+        "    stats uri /stats\n"
+    )
+
+
+def start_lb(lab: Lab) -> int:
+    """Write the configuration, check it, start haproxy in the foreground (its PID is the one to
+    stop) and wait until the frontend accepts connections."""
+    lab.lb_config.write_text(haproxy_config(lab))
+    checked = run(["haproxy", "-c", "-q", "-f", str(lab.lb_config)], check=False)
+    if checked.returncode != 0:
+        raise LabError(f"haproxy refuses {lab.lb_config}: {(checked.stdout + checked.stderr).strip()}")
+    lab.lb_socket.unlink(missing_ok=True)
+    with open(lab.state_dir / "haproxy.log", "ab") as out:
+        proc = subprocess.Popen(["haproxy", "-db", "-f", str(lab.lb_config)], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_port(lab.gateway, LB_PORT, 15)
+    return proc.pid
+
+
+def stop_lb(lab: Lab, state: dict) -> None:
+    if state.get("lb_pid"):
+        stop_pid(state["lb_pid"], str(lab.lb_config), timeout=10)
+    lab.lb_socket.unlink(missing_ok=True)
+
+
+def lb_command(lab: Lab, command: str, timeout: float = 5) -> str:
+    """One command on the load balancer's runtime API; its answer. (The lab's own tool talks to
+    the socket; the role uses community.general.haproxy and the stats page.)"""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(lab.lb_socket))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def lb_rows(lab: Lab) -> dict[str, dict]:
+    """{server: its `show stat` row} of the lab's backend (status, scur, lbtot, lastchg, ...)."""
+    rows = csv.DictReader(lb_command(lab, "show stat").lstrip("# ").splitlines())
+    return {r["svname"]: r for r in rows
+            if r.get("pxname") == LB_BACKEND and r.get("svname") not in ("FRONTEND", "BACKEND")}
+
+
+def lb_servers(lab: Lab) -> dict[str, str]:
+    """{server: status} of the lab's backend, from the runtime API's `show stat`."""
+    return {name: row["status"] for name, row in lb_rows(lab).items()}
+
+
+def lb_problems(lab: Lab, state: dict) -> list[str]:
+    """Why the load balancer cannot be reused (empty when it can)."""
+    if not pid_alive(state.get("lb_pid"), str(lab.lb_config)):
+        return ["the load balancer (haproxy) is not running"]
+    try:
+        if lab.lb_config.read_text() != haproxy_config(lab):
+            return ["the load balancer's configuration is out of date"]
+        servers = lb_servers(lab)
+    except OSError as exc:
+        return [f"the load balancer's runtime API does not answer: {exc}"]
+    if sorted(servers) != sorted(lab.hosts):
+        return [f"the load balancer's backend lists {sorted(servers)}, not {sorted(lab.hosts)}"]
+    return []
+
+
+def reset_lb(lab: Lab) -> list[str]:
+    """Every server back to the ready state: out of maintenance or drain, health checks on, its
+    configured weight. Returns the lines the runtime API answered (empty when all went well)."""
+    errors = []
+    for host in lab.hosts:
+        for command in (f"set server {LB_BACKEND}/{host} state ready", f"enable health {LB_BACKEND}/{host}",
+                        f"set weight {LB_BACKEND}/{host} 100%"):
+            answer = lb_command(lab, command).strip()
+            if answer:
+                errors.append(f"{command}: {answer}")
+    return errors
+
+
 def ensure_wheelhouse(root: Path) -> Path:
     """The vLLM-for-CPU wheel folder the hosts install from, offline (built once, cached)."""
     from tests.lab.wheelhouse import ensure_wheelhouse as build
@@ -558,7 +751,7 @@ def healthy(lab: Lab, state: dict) -> list[str]:
             problems.append(f"host {host} does not answer over SSH: {probe.stderr.strip()}")
     if not pid_alive(state.get("hub_pid"), "tests.lab.hub.server"):
         problems.append("the local Hub is not running")
-    return problems
+    return problems + lb_problems(lab, state)
 
 
 def shared_store_hosts(text: str, hosts: list[str]) -> list[str]:
@@ -583,6 +776,15 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
         problems = healthy(lab, state)
         if state.get("shared", {}).get("hosts", []) != lab.shared:
             problems.append("the hosts sharing a store changed")
+        lb_only = problems and problems == lb_problems(lab, state)
+        if lb_only and sorted(state["hosts"]) == sorted(lab.hosts):
+            # hosts and Hub are fine: only the load balancer is (re)started
+            preflight(lab, reuse=True)
+            log(f"lab '{lab.name}': {'; '.join(problems)}: starting it again")
+            stop_lb(lab, state)
+            state["lb_pid"] = start_lb(lab)
+            save_state(lab, state)
+            problems = healthy(lab, state)
         if not problems and sorted(state["hosts"]) == sorted(lab.hosts):
             preflight(lab, reuse=True)
             write_inventory(lab, state)
@@ -620,6 +822,9 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
         log(f"host {host} ({lab.address(host)}) is running")
     state["hub_pid"] = start_hub(lab)
     save_state(lab, state)
+    state["lb_pid"] = start_lb(lab)
+    state["lb_url"] = lab.lb_url
+    save_state(lab, state)
     state["models"] = publish_models(lab)
     save_state(lab, state)
     if with_wheelhouse:
@@ -628,7 +833,8 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
         save_state(lab, state)
     write_inventory(lab, state)
     log(f"lab '{lab.name}' up in {time.monotonic() - started:.0f} s: hosts "
-        f"{', '.join(f'{h}={lab.address(h)}' for h in lab.hosts)}; Hub {lab.hub_url}")
+        f"{', '.join(f'{h}={lab.address(h)}' for h in lab.hosts)}; Hub {lab.hub_url}; "
+        f"load balancer {lab.lb_url} (stats {lab.lb_stats_url})")
 
 
 def processes_using(tree: Path) -> list[int]:
@@ -735,6 +941,7 @@ def down(lab: Lab) -> None:
             kill_leftovers(lab, host)
     if state.get("hub_pid"):
         stop_pid(state["hub_pid"], "tests.lab.hub.server", timeout=10)
+    stop_lb(lab, state)
     busy = {}
     for host in hosts:
         root = lab.root(host)
@@ -757,6 +964,7 @@ def down(lab: Lab) -> None:
     if (lab.state_dir / "hosts").exists():
         shutil.rmtree(lab.state_dir / "hosts")
     shutil.rmtree(lab.state_dir / "hub", ignore_errors=True)
+    lab.lb_config.unlink(missing_ok=True)
     shutil.rmtree(lab.shared_store, ignore_errors=True)
     lab.state_file.unlink(missing_ok=True)
     INVENTORY.unlink(missing_ok=True)
@@ -851,10 +1059,16 @@ def reset(lab: Lab, state: dict | None = None) -> None:
             f"{', '.join(shared['hosts'])}")
     from tests.lab.hub.client import HubClient
     HubClient(state["hub_url"], lab.state_dir / "hub").clear_faults()
+    try:
+        lb_errors = reset_lb(lab)
+    except OSError as exc:
+        lb_errors = [f"the runtime API {lab.lb_socket} does not answer ({exc}): `make lab-up` starts it again"]
+    failed += lb_errors
     if failed:
         raise LabError(f"could not reset {', '.join(failed)}: see the lines above; "
                        "`make lab-down lab-up` rebuilds the hosts")
-    log(f"lab '{lab.name}': {len(procs)} host(s) reset (nothing served, Hub faults cleared)")
+    log(f"lab '{lab.name}': {len(procs)} host(s) reset (nothing served, Hub faults cleared, "
+        f"every server of the load balancer ready)")
 
 
 def status(lab: Lab) -> int:
@@ -863,6 +1077,12 @@ def status(lab: Lab) -> int:
         print(f"lab '{lab.name}': not built (make lab-up)")
         return 1
     print(f"lab '{lab.name}': bridge {state['bridge']} {lab.gateway}/24, Hub {state['hub_url']}")
+    if pid_alive(state.get("lb_pid"), str(lab.lb_config)):
+        try:
+            pool = ", ".join(f"{name} {status}" for name, status in lb_servers(lab).items())
+        except OSError as exc:
+            pool = f"runtime API: {exc}"
+        print(f"  load balancer {lab.lb_url} (haproxy PID {state['lb_pid']}, stats {lab.lb_stats_url}): {pool}")
     for host, info in state.get("hosts", {}).items():
         pid = nspawn_pid(lab, host)
         mem = ""

@@ -70,6 +70,61 @@ def test_addresses_and_names_are_derived_from_the_lab_name():
     assert lab.hub_url.startswith("http://10.9.8.1:")
 
 
+def test_the_load_balancer_config_has_a_server_per_host_health_checks_and_the_admin_socket():
+    lab = labctl.Lab(name="ci2", subnet="10.9.8", hosts=["gpu1", "gpu2"])
+    text = labctl.haproxy_config(lab)
+    lines = [line.strip() for line in text.splitlines()]
+    assert f"bind 10.9.8.1:{labctl.LB_PORT}" in lines and f"bind 10.9.8.1:{labctl.LB_STATS_PORT}" in lines
+    assert "server gpu1 10.9.8.11:8000 check" in lines and "server gpu2 10.9.8.12:8000 check" in lines
+    assert "option httpchk GET /health" in lines
+    assert f"stats socket {lab.state_dir / 'haproxy.sock'} mode 600 level admin" in lines
+    assert "backend vllm" in lines and "stats uri /stats" in lines
+    # nothing hides a request sent to a host that stopped serving
+    assert not any(line.startswith(("option redispatch", "retries")) for line in lines)
+    assert lab.lb_stats_url == f"http://10.9.8.1:{labctl.LB_STATS_PORT}/stats;csv"
+
+
+PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0107D50A:20D0 00000000:0000 0A 00000000:0000000 00:00000000 00000000     0        0 1 1 0
+   1: 0108D50A:20D0 00000000:0000 0A 00000000:0000000 00:00000000 00000000     0        0 2 1 0
+   2: 00000000:20D4 00000000:0000 0A 00000000:0000000 00:00000000 00000000     0        0 3 1 0
+   3: 0108D50A:20D1 0B08D50A:9C40 01 00000000:0000000 00:00000000 00000000     0        0 4 1 0
+"""
+PROC_NET_TCP6 = """  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:20D5 00000000000000000000000000000000:0000 0A 0 0 0 0 0 0 0 5
+   1: 0000000000000000FFFF00000108D50A:20D6 00000000000000000000000000000000:0000 0A 0 0 0 0 0 0 0 6
+"""
+
+
+@pytest.mark.parametrize("port, address, holders", [
+    (8400, "10.213.8.1", ["10.213.8.1:8400"]),       # this lab's address
+    (8400, "10.213.9.1", []),                          # another lab's listener on its own bridge
+    (8404, "10.213.8.1", ["0.0.0.0:8404"]),            # a wildcard listener clashes with any address
+    (8405, "10.213.8.1", [":::8405"]),                # the IPv6 wildcard
+    (8406, "10.213.8.1", ["10.213.8.1:8406"]),       # an IPv4-mapped IPv6 listener
+    (8401, "10.213.8.1", []),                          # an established connection is no listener
+])
+def test_port_listeners_reads_proc_net(tmp_path, port, address, holders):
+    (tmp_path / "tcp").write_text(PROC_NET_TCP)
+    (tmp_path / "tcp6").write_text(PROC_NET_TCP6)
+    assert labctl.port_listeners(port, address, proc_net=tmp_path) == holders
+
+
+def test_the_inventory_tells_the_lb_pool_role_where_the_load_balancer_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(labctl, "STATE_ROOT", tmp_path / "state")
+    monkeypatch.setattr(labctl, "INVENTORY", tmp_path / "inventory" / "hosts.yml")
+    lab = labctl.Lab(name="ci2", subnet="10.9.8", hosts=["gpu1"])
+    lab.state_dir.mkdir(parents=True)
+    import yaml
+    doc = yaml.safe_load(labctl.write_inventory(lab, {"wheelhouse": "/opt/wheelhouse/x"}).read_text())
+    variables = doc["all"]["children"]["gpu_hosts"]["vars"]
+    assert variables["lb_pool_type"] == "haproxy" and variables["lb_pool_lb_host"] == "localhost"
+    assert variables["lb_pool_haproxy_socket"] == str(lab.lb_socket)
+    assert variables["lb_pool_haproxy_backend"] == "vllm"
+    assert variables["lb_pool_haproxy_stats_url"] == lab.lb_stats_url
+    assert variables["modelswap_lab_lb_url"] == lab.lb_url
+
+
 @pytest.mark.parametrize("text, message", [
     ("gpu3,gpu9", "gpu9 not among the lab's hosts"),
     ("gpu2", "needs two hosts or more"),
