@@ -68,17 +68,32 @@ options:
       files: {description: Files whose sha1 is returned (C(null) when absent)., type: list, elements: path, default: []}
       secret_path: {description: The API key file., type: path}
       secret_sha1:
-        description: The sha1 the API key file would have. Only RV(config.secret_matches) says whether it has.
+        description: The sha1 the API key file would have (never logged). Only RV(config.secret_matches) says whether it has.
         type: str
-        no_log: true
         default: ""
   store:
     description:
-      - The model store and the plan's rules, as M(modelswap.vllm.disk_plan) takes them (C(target),
-        C(models), C(cache_dir), C(models_dir), C(keep), C(headroom), C(candidates), ...). The Hub is never
+      - The model store and the plan's rules, as M(modelswap.vllm.disk_plan) takes them. The Hub is never
         asked (O(listing) has the target's files).
     type: dict
     required: true
+    suboptions:
+      target: {description: Catalog name of the model to plan for (protected from purging)., type: str}
+      models: {description: The model catalog (C(modelswap_models))., type: dict, default: {}}
+      cache_dir: {description: The Hugging Face hub cache of the store., type: path}
+      models_dir: {description: A folder of plain model directories., type: path}
+      keep: {description: Catalog names never to purge., type: list, elements: str, default: []}
+      served: {description: Catalog name of a model the host serves besides the record's and the unit's., type: str}
+      deployment_record: {description: The host's deployment record., type: path, default: /var/lib/modelswap/deployment.json}
+      vllm_unit: {description: The unit that runs vLLM (its model is protected as served)., type: str, default: vllm.service}
+      protect_paths: {description: Extra paths never to purge., type: list, elements: path, default: []}
+      allow_served_purge: {description: Allow the plan to purge the served model (downtime)., type: bool, default: false}
+      scan_workers: {description: Threads that scan cache repos., type: int, default: 1}
+      headroom: {description: "Free space to keep after the target - bytes or a percentage of the file system.", type: str, default: 5%}
+      candidates: {description: "What may be purged, in order (default - every unprotected item, least recently used first).", type: list, elements: str}
+      clean_orphans: {description: Count orphaned partial downloads as reclaimable., type: bool, default: true}
+      download_rate: {description: Bytes per second for the download time estimate (C(1.25G) or bytes)., type: str}
+      allow_missing_store: {description: A store folder that does not exist yet counts as empty (an earlier step creates it)., type: bool, default: false}
   purge:
     description: How the purge step would act on the plan (the options of the C(model_purge) role).
     type: dict
@@ -95,7 +110,7 @@ options:
       local_dir: {description: A plain folder instead of the cache (model_fetch_local_dir)., type: path}
       verify: {description: The verification the download would do., type: str, choices: [full, size], default: full}
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""

@@ -77,7 +77,7 @@ options:
     elements: str
     default: []
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""
@@ -147,7 +147,8 @@ def main():
         argument_spec=dict(
             directories=dict(type="list", elements="dict", default=[], options=DIR_OPTIONS),
             files=dict(type="list", elements="dict", default=[], options=FILE_OPTIONS),
-            secret_files=dict(type="list", elements="dict", default=[], options=SECRET_OPTIONS),
+            # paths and modes only (the contents are secret_contents): nothing here to hide
+            secret_files=dict(type="list", elements="dict", default=[], options=SECRET_OPTIONS, no_log=False),
             secret_contents=dict(type="list", elements="str", default=[], no_log=True),
         ),
         supports_check_mode=True,
