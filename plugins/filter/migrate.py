@@ -131,13 +131,19 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     units = _get(service, "replaced_units", default=[]) or []
     stops = ([f"stop {old} ({_get(service, 'unit')})"] if old else []) + [
         f"stop and disable {u} (set up outside modelswap)" for u in units]
+    pool = _get(service, "pool")
+    swap_text = ((f"{', '.join(stops)}, start {target}; serving stops until the new model is ready"
+                  if stops else f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
+                 if would_swap else f"{target} already serves with this configuration: no restart")
+    if pool and would_swap:
+        swap_text = (f"drain from the load balancer ({pool.get('line')}), {swap_text.replace('; serving stops until the new model is ready', '')}"
+                     f", rejoin after the gates; clients are served by the pool's other hosts")
     steps.append({
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
         "would_swap": would_swap, "stop": (old or ", ".join(units) or None) if would_swap else None,
         "start": target if would_swap else None, "unit": _get(service, "unit"), "replaced_units": units,
-        "text": ((f"{', '.join(stops)}, start {target}; serving stops until the new model is ready"
-                  if stops else f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
-                 if would_swap else f"{target} already serves with this configuration: no restart")})
+        "drain": bool(pool) and would_swap, "pool": (pool or {}).get("line"),
+        "text": swap_text})
     bench_on = bool(_get(benchmark, "enabled")) and would_swap
     ladder = _get(benchmark, "concurrency", default=[])
     steps.append({"step": "benchmark", "title": "Benchmark at rising concurrency",
@@ -197,10 +203,14 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     replaced = settings.get("replaced_todo") or []
     swap = configure or unit_state != "active" or bool(settings.get("force_restart")) or bool(replaced)
     fetch = read.get("fetch") or {}
+    fleet = settings.get("fleet") or {}
     service_result = {
         "action": "deploy", "model": target, "unit": settings.get("unit"), "swapped": False,
         "would_swap": swap, "replaced_model": _get(service, "deployment", "model") if swap else None,
         "replaced_units": [u.get("unit") for u in replaced] if swap else []}
+    fleet_pool = (settings.get("fleet") or {}).get("pool")
+    if fleet_pool:
+        service_result["pool"] = fleet_pool
     problems = list(settings.get("problems") or [])
     host = settings.get("host") or ""
     if disk.get("verdict") == "does_not_fit" and settings.get("fail_on_does_not_fit", True):
@@ -209,10 +219,12 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     why = _purge_problem(host, target, disk, settings) if disk else ""
     if why:
         problems.append({"step": "purge", "msg": why})
-    fleet = settings.get("fleet") or {}
     if fleet.get("store_problem"):
         problems.append({"step": "purge", "msg": fleet["store_problem"]})
     problems.extend({"step": "swap", "msg": msg} for msg in settings.get("host_problems") or [])
+    pool = fleet.get("pool") or {}
+    if swap and pool.get("problem"):
+        problems.append({"step": "swap", "msg": pool["problem"]})
     order = ["install", "preflight", "purge", "fetch", "swap", "benchmark"]
     problems.sort(key=lambda p: order.index(p["step"]) if p["step"] in order else len(order))
     failure = dict(problems[0], task="plan") if problems else None
@@ -238,7 +250,30 @@ def _item_repo(item: str):
     return repo, commit or None
 
 
-def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1) -> dict:
+def _pools(hosts, lb: dict | None) -> dict:
+    """Each host's drain judged against the load balancer's pool as it is now (lb_pool's own
+    judge, the host leaving alone: a serial batch's hosts are judged together at the drain)."""
+    from ansible_collections.modelswap.vllm.plugins.module_utils.serving import lb_pool
+    kind = (lb or {}).get("type") or "none"
+    if kind == "none":
+        return {}
+    if kind != "haproxy":
+        return {h: {"type": kind, "line": "through the %s hook task files" % kind, "floor_ok": True} for h in hosts}
+    try:
+        servers = lb_pool.haproxy_servers(lb.get("stats") or {}, lb.get("backend") or "", "the load balancer's stats page")
+    except lb_pool.PoolError as exc:
+        problem = "lb_pool: %s; nothing was changed" % exc
+        return {h: {"type": kind, "line": "the pool could not be read", "floor_ok": False, "problem": problem}
+                for h in hosts}
+    out = {}
+    for name in hosts:
+        view = lb_pool.pool_view(servers, name, lb.get("min_serving") or 1, [name], lb.get("name") or lb.get("backend"))
+        out[name] = {"type": kind, "line": view["line"], "floor_ok": view["floor_ok"], "problem": view["problem"],
+                     "serving": view["serving"], "total": view["total"]}
+    return out
+
+
+def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None) -> dict:
     """The fleet-wide part of the plan, from every host's read (migrate_facts): with peers, where
     each host's bytes come from (the planner model_fetch's download follows: fleet/peer_plan.py);
     on a shared store (modelswap_store), the purge items another host of the store serves or
@@ -285,6 +320,8 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1) -> d
                     break
             if out["hosts"][name].get("store_problem"):
                 break
+    for name, pool in _pools(list(reads), lb).items():
+        out["hosts"][name]["pool"] = pool
     if peers:
         states = []
         for name, (values, read) in reads.items():
@@ -325,7 +362,8 @@ def plan_lines(plan: dict, host: str) -> list[str]:
 
 def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dict,
                    fetch: dict | None, service: dict | None, purge: dict | None,
-                   benchmark: dict | None, failure: dict | None, check_mode: bool) -> dict:
+                   benchmark: dict | None, failure: dict | None, check_mode: bool,
+                   lb: dict | None = None, prestage: dict | None = None) -> dict:
     """The JSON record of one host's migration (what happened, how long each step took)."""
     swapped = bool(_get(service, "swapped"))
     failed_msg = (failure or {}).get("msg") or ""
@@ -354,6 +392,16 @@ def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dic
                   "mb_per_s": _get(fetch, "mb_per_s"), "verified": _get(fetch, "verification", "ok")},
         "swap": {"swapped": swapped, "replaced_model": _get(service, "replaced_model"),
                  "downtime_s": _get(service, "downtime_s"), "start_to_ready_s": _get(service, "start_to_ready_s")},
+        # the load balancer: out of the pool from the drain to the rejoin (lb_pool_results)
+        "lb": ({"drained": bool(_get(lb, "drain", "changed")), "rejoined": bool(_get(lb, "rejoin", "changed")),
+                "pool": _get(lb, "drain", "pool"), "in_flight_at_start": _get(lb, "drain", "in_flight_at_start"),
+                "sessions_at_start": _get(lb, "drain", "sessions_at_start"),
+                "drain_seconds": _get(lb, "drain", "drain_seconds"), "seconds_out": _get(lb, "rejoin", "seconds_out")}
+               if isinstance(lb, dict) and lb.get("drain") else None),
+        "prestage": ({k: prestage.get(k) for k in ("skipped", "reason", "bytes_total", "bytes_read", "seconds",
+                                                   "bytes_per_s", "complete")}
+                     if isinstance(prestage, dict) and not prestage.get("skipped_by_ansible") and "bytes_total" in prestage
+                     else None),
         "benchmark": (dict({k: benchmark.get(k) for k in ("saturation", "stopped_early", "comparison")},
                            run_dir=clean_path(benchmark.get("run_dir")), report=clean_path(benchmark.get("report")))
                       if benchmark else None),
