@@ -3,9 +3,12 @@ interface, asserting on its structured results and on the hosts themselves.
 
 One module-scoped story, in order (each real vLLM start costs about a minute):
   tiny-a on both hosts -> preview tiny-b (changes nothing) -> migrate to tiny-b one host at a
-  time while the Hub cuts connections (one host always serves) -> rerun is changed=0 with an
-  unreachable host in the inventory -> not enough disk fails before any change -> gpu2 gets
-  tiny-broken and rolls back while gpu1 completes.
+  time while the Hub cuts connections and clients load the lab's load balancer (each host is
+  drained before its stop and rejoins after its gates: no request fails) -> rerun is changed=0
+  with an unreachable host in the inventory -> not enough disk fails before any change -> gpu2
+  gets tiny-broken and rolls back while gpu1 completes, under load (gpu2 rejoins serving tiny-b:
+  no request fails) -> without the drain, the same swap under load fails requests -> the floor:
+  with one of two servers out of the pool, the other is not drained and nothing changes.
 """
 from __future__ import annotations
 
@@ -20,9 +23,17 @@ import pytest
 
 from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 from tests.integration import vllm_lab
+from tests.support.lb_load import LoadRun
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOSTS = ["gpu1", "gpu2"]
+# A closed loop of short streamed completions through the lab's HAProxy, bounded in count and time,
+# paced so that it spans a migration (a few minutes) without taking the two cores from it.
+LOAD = {"workers": 2, "max_requests": 20000, "max_seconds": 900, "max_tokens": 4, "pause": 0.05}
+
+
+def load(lab, key) -> LoadRun:
+    return LoadRun(lab.lb_url, key, **LOAD)
 # Tasks the preview runs per host (ok + skipped). Measured on the lab: 165-171 before the fleet
 # redesign (2026-12-04), 18-19 after it (2026-12-05: one read, the plan, one diff task). Lower it
 # when a change removes tasks; raise it only with the reason in the commit.
@@ -144,10 +155,14 @@ def test_2a_the_previews_plan_is_the_steps_own_in_every_number(lab, story):
     for host in HOSTS:
         r = got[host]
         assert r["plan"] and r["fetch"] and r["service"] and r["install"], r
+        previewed = story["preview"][host]["steps"]
+        # the load balancer's pool is the plan's own reading (vllm_service alone drains nothing)
+        pool = {s["step"]: s for s in previewed}["swap"].get("pool")
+        if pool:
+            r["service"] = dict(r["service"], pool={"line": pool})
         steps = migrate_plan("tiny-b", r["plan"], r["purge"], r["fetch"], r["service"],
                              {"enabled": True, "concurrency": [1, 4]}, None, 0.0,
                              dict(r["install"], enabled=True))["steps"]
-        previewed = story["preview"][host]["steps"]
         assert [s["step"] for s in steps] == [s["step"] for s in previewed]
         for theirs, ours in zip(steps, previewed):
             if theirs["step"] == "preflight":
@@ -195,13 +210,20 @@ def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connection
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
+    clients = load(lab, story["key"]).start()
     try:
         out = runner.migrate(str(lab.inventory), serve="tiny-b",
                              extra_vars=dict(story["vars"], modelswap_serial=1))
     finally:
         stop.set()
         poller.join(10)
+        clients.stop()
     assert out["ok"], out["run"]["failures"]
+    # behind the load balancer: each host drained before its stop, back after its gates
+    summary = clients.summary()
+    print("load during the migration:", {k: summary[k] for k in ("total", "ok", "failed", "models")})
+    assert summary["total"] >= 200 and summary["failed"] == 0, summary
+    assert set(summary["models"]) <= {"tiny-a", "tiny-b"} and "tiny-b" in summary["models"]
     assert len(seen) > 20
     assert all(any(models for models in poll_) for poll_ in seen), "a moment when no host served"
     assert any(poll_[0] != poll_[1] for poll_ in seen)        # they really swapped one at a time
@@ -217,6 +239,8 @@ def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connection
         assert record["swap"]["swapped"] is planned["swap"]["would_swap"] is True
         on_disk = json.loads(Path(out["run_dir"], f"{host}.json").read_text())
         assert on_disk["outcome"] == "migrated"
+        assert record["lb"]["drained"] and record["lb"]["rejoined"], record["lb"]
+        assert 0 < record["lb"]["seconds_out"] < 600 and record["lb"]["seconds_out"] >= record["swap"]["downtime_s"]
     assert "| gpu1 | tiny-b | migrated |" in Path(out["run_dir"], "summary.md").read_text()
     cuts = [r for r in lab.hub.requests() if any(f.startswith("cut#") for f in r.get("faults") or [])]
     assert cuts, "the Hub never cut a connection"
@@ -249,8 +273,16 @@ def test_5_not_enough_disk_fails_in_preflight_before_any_change(lab, story):
 
 def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_completes(lab, story, tmp_path):
     inv = inventory_with(lab, tmp_path, host_vars={"gpu2": {"modelswap_serve": "tiny-broken"}})
-    result = runner.run_playbook("migrate.yml", inv, dict(story["vars"], migrate_benchmark=False))
+    with load(lab, story["key"]) as clients:
+        result = runner.run_playbook("migrate.yml", inv, dict(story["vars"], migrate_benchmark=False,
+                                                                modelswap_serial=1))
     assert result.rc != 0
+    summary = clients.summary()
+    print("load during the rollback:", {k: summary[k] for k in ("total", "ok", "failed", "models")})
+    assert summary["total"] >= 100 and summary["failed"] == 0, summary
+    lb = result.custom_stats["modelswap_record"]["gpu2"]["lb"]
+    assert lb["drained"] and lb["rejoined"], lb              # back in the pool, serving tiny-b again
+    assert lab.lb_servers()["gpu2"] == "UP"
     records = result.custom_stats["modelswap_record"]
     assert records["gpu1"]["outcome"] == "migrated" and served(lab, "gpu1", story["key"]) == ["tiny-a"]
     assert records["gpu2"]["outcome"] == "rolled_back" and records["gpu2"]["failure"]["step"] == "swap"
@@ -258,3 +290,34 @@ def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_c
     summary = Path(result.custom_stats["modelswap_run_dir"], "summary.md").read_text()
     assert "gpu2: swap failed (rolled back to the previous model)" in summary
     shutil.rmtree(result.custom_stats["modelswap_run_dir"], ignore_errors=True)
+
+
+def test_7_without_the_drain_the_same_swap_fails_requests(lab, story):
+    """The control: gpu1 swaps back to tiny-b with lb_pool_type none, under the same load. The
+    load balancer learns of the stop from its health checks only, so requests fail."""
+    with load(lab, story["key"]) as clients:
+        out = runner.migrate(str(lab.inventory), serve="tiny-b", limit="gpu1,localhost",
+                             extra_vars=dict(story["vars"], modelswap_benchmark=False, lb_pool_type="none"))
+    assert out["ok"], out["run"]["failures"]
+    summary = clients.summary()
+    print("load without the drain:", {k: summary[k] for k in ("total", "ok", "failed", "models")})
+    assert summary["failed"] > 0, summary
+    assert out["records"]["gpu1"]["lb"] is None and served(lab, "gpu1", story["key"]) == ["tiny-b"]
+
+
+def test_8_the_floor_refuses_to_drain_the_last_server_and_nothing_changes(lab, story):
+    """With gpu2 out of the pool (maintenance), draining gpu1 would leave none serving: the plan
+    refuses it before anything changes, with lb_pool's sentence."""
+    lab.lb_command("disable server vllm/gpu2")
+    try:
+        pids = {h: main_pid(lab, h) for h in HOSTS}
+        out = runner.migrate(str(lab.inventory), serve="tiny-a", limit="gpu1,localhost",
+                             extra_vars=dict(story["vars"], modelswap_benchmark=False))
+        assert not out["ok"]
+        failure = out["records"]["gpu1"]["failure"]
+        assert failure["step"] == "swap" and "refusing to take gpu1 out of pool vllm" in failure["msg"]
+        assert "fewer than the floor of 1" in failure["msg"]
+        assert main_pid(lab, "gpu1") == pids["gpu1"] and served(lab, "gpu1", story["key"]) == ["tiny-b"]
+        assert lab.lb_servers()["gpu1"] == "UP"
+    finally:
+        lab.lb_command("enable server vllm/gpu2")

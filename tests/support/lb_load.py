@@ -60,6 +60,7 @@ class LoadRun:
     max_tokens: int = 8
     prompt: str = "The quick brown fox"
     request_timeout: float = 30.0
+    pause: float = 0.0                # seconds a worker waits between its requests (a paced loop)
     records: list = field(default_factory=list, repr=False)
 
     def __post_init__(self):
@@ -120,6 +121,8 @@ class LoadRun:
             record = self.request(index)
             with self._lock:
                 self.records.append(record)
+            if self.pause and self._stop.wait(self.pause):
+                break
 
     def request(self, worker: int = 0) -> RequestRecord:
         """One streamed completion; its record (never raises)."""
