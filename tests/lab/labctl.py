@@ -535,9 +535,14 @@ def wait_host_ready(lab: Lab, host: str, timeout: float = 90) -> str:
 def write_inventory(lab: Lab, state: dict) -> Path:
     inv = INVENTORY
     inv.parent.mkdir(parents=True, exist_ok=True)
+    # vLLM's CPU backend binds its busy-polling worker to the first CPU it may use: unpinned, every
+    # host's worker lands on CPU 0, and a stopping server's worker, freeing its memory, then waits
+    # minutes behind a serving one (seen on the lab: a stop past its 120 s). One CPU per host, in turn.
+    cpus = max(1, os.cpu_count() or 1)
     hosts = "".join(f"        {h}:\n          ansible_host: {lab.address(h)}\n"
+                    f"          vllm_service_cpu_affinity: \"{i % cpus}\"\n"
                     + (f"          modelswap_store: {lab.store_id}\n" if h in lab.shared else "")
-                    for h in lab.hosts)
+                    for i, h in enumerate(lab.hosts))
     key = lab.state_dir / "api_key"       # the lab's vLLM API key, 0600 like any secret
     if not key.exists():
         key.touch(mode=0o600)
