@@ -34,6 +34,8 @@ LOAD = {"workers": 2, "max_requests": 20000, "max_seconds": 900, "max_tokens": 4
 
 def load(lab, key) -> LoadRun:
     return LoadRun(lab.lb_url, key, **LOAD)
+
+
 # Tasks the preview runs per host (ok + skipped). Measured on the lab: 165-171 before the fleet
 # redesign (2026-12-04), 18-19 after it (2026-12-05: one read, the plan, one diff task). Lower it
 # when a change removes tasks; raise it only with the reason in the commit.
@@ -274,8 +276,8 @@ def test_5_not_enough_disk_fails_in_preflight_before_any_change(lab, story):
 def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_completes(lab, story, tmp_path):
     inv = inventory_with(lab, tmp_path, host_vars={"gpu2": {"modelswap_serve": "tiny-broken"}})
     with load(lab, story["key"]) as clients:
-        result = runner.run_playbook("migrate.yml", inv, dict(story["vars"], migrate_benchmark=False,
-                                                                modelswap_serial=1))
+        result = runner.run_playbook("migrate.yml", inv,
+                                     dict(story["vars"], migrate_benchmark=False, modelswap_serial=1))
     assert result.rc != 0
     summary = clients.summary()
     print("load during the rollback:", {k: summary[k] for k in ("total", "ok", "failed", "models")})
