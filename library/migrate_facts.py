@@ -65,7 +65,11 @@ options:
     type: dict
     default: {}
     suboptions:
-      files: {description: Files whose sha1 is returned (C(null) when absent)., type: list, elements: path, default: []}
+      files:
+        description: Files whose sha1 and text are returned (C(null) when absent); not secrets, they are shown in diffs.
+        type: list
+        elements: path
+        default: []
       secret_path: {description: The API key file., type: path}
       secret_sha1:
         description: The sha1 the API key file would have (never logged). Only RV(config.secret_matches) says whether it has.
@@ -144,6 +148,9 @@ config:
   type: dict
   contains:
     sha1: {description: Path to the sha1 of its content (null when absent)., type: dict}
+    text:
+      description: Path to its text, for the preview's diffs (null when larger than 256 KiB or not UTF-8; absent files are left out).
+      type: dict
     secret_matches: {description: The API key file holds what the controller would write., type: bool}
 disk:
   description: The disk plan, as M(modelswap.vllm.disk_plan) returns it.

@@ -77,15 +77,38 @@ def install_facts(commands, venv: str, expected: dict) -> dict:
     return out
 
 
+# The unit, its environment file and the route guard are a few KiB: their texts come back with
+# the read, so the preview's diffs are made on the controller without a second call per host.
+TEXT_LIMIT = 256 * 1024
+
+
+def text_of(path: str):
+    """A small configuration file's text (None when absent, too large or not UTF-8)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(TEXT_LIMIT + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ReadError("%s: cannot read %s (%s); run with become" % (ACTION, path, exc))
+    if len(data) > TEXT_LIMIT:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def config_facts(files, secret_path: str, secret_sha1: str) -> dict:
-    """Checksums of the slot's configuration files, and whether the API key file holds what the
-    controller would write (a yes/no: its checksum is never returned)."""
+    """Checksums and texts of the slot's configuration files, and whether the API key file holds
+    what the controller would write (a yes/no: its content and checksum are never returned)."""
     sums = {path: sha1_of(path) for path in files}
+    texts = {path: text_of(path) for path in files if sums[path] is not None}
     matches = None
     if secret_path:
         have = sha1_of(secret_path)
         matches = have is not None and have == secret_sha1
-    return {"sha1": sums, "secret_matches": matches}
+    return {"sha1": sums, "text": texts, "secret_matches": matches}
 
 
 def purge_items(disk: dict, all_listed: bool) -> list:

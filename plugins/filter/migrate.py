@@ -12,6 +12,7 @@ import hashlib
 import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import units
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import service_files
 
 RECORD_SCHEMA = 1
 
@@ -176,14 +177,33 @@ def _purge_problem(host: str, target: str, disk: dict, settings: dict) -> str:
             % (host, disk.get("summary"), target, ", ".join(disk.get("purge") or []) or "partial downloads"))
 
 
+def config_diffs(read: dict, expected: dict, drift: list, secret_path, secret_ok) -> list:
+    """The diffs vllm_service's write would show (service_files' entries), made on the controller
+    from the read's texts: one per drifted file, a note for the API key file (never its content)."""
+    texts = _get(read, "config", "text", default={}) or {}
+    sums = _get(read, "config", "sha1", default={}) or {}
+    out = []
+    for path in drift:
+        exists = sums.get(path) is not None
+        if exists and texts.get(path) is None:      # too large or not UTF-8 to show
+            out.append({"prepared": "%s: the content would change (not shown: not small UTF-8 text)\n" % path})
+            continue
+        out.append(service_files.diff_of({"path": path, "exists": exists, "secret": False,
+                                          "before": (texts.get(path) or "").encode("utf-8"),
+                                          "after": str(expected[path]).encode("utf-8")}, True))
+    if secret_ok is False and secret_path:
+        out.append(service_files.diff_of({"path": secret_path, "secret": True}, True))
+    return out
+
+
 def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     """The migration of one host planned from one read (migrate_facts' result): what each step
     would do, which steps must run, the first refusal, and each step's result as its role reports
     it in check mode (so the preview's plan is migrate_plan's, the same numbers the steps give).
 
     expected: {path: text} of the slot's unit, environment and guard files as the controller
-    renders them (returned as ``rendered``, so the preview shows their diffs without rendering
-    them again). settings: install {enabled, version, venv, source}; unit; force_restart;
+    renders them (their diffs against the read's texts are returned as ``diffs``, what the
+    preview shows). settings: secret_path (the API key file); install {enabled, version, venv, source}; unit; force_restart;
     replaced_todo (vllm_units_to_replace of the read); guard; purge_allowed, purge_all_listed;
     fail_on_does_not_fit; benchmark {enabled, concurrency}; download_rate; host; problems (the
     settings' refusals, step by step: [{"step", "msg"}], judged on the controller first).
@@ -237,8 +257,9 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     plan = migrate_plan(target, disk or None, purge, fetch, service_result,
                         settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
                         dict(install_result, enabled=install_on), fleet.get("source") or None)
+    diffs = config_diffs(read, expected or {}, drift, settings.get("secret_path"), secret_ok)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
-            "service": service_result, "rendered": dict(expected or {}), "source": fleet.get("source")}
+            "service": service_result, "diffs": diffs, "source": fleet.get("source")}
 
 
 def _item_repo(item: str):

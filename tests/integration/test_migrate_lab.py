@@ -98,9 +98,15 @@ def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
     pids = {h: main_pid(lab, h) for h in HOSTS}
     units = {h: lab.ssh(h, "sha256sum /etc/systemd/system/vllm.service").stdout for h in HOSTS}
     lab.hub.clear_log()
-    out = runner.preview(str(lab.inventory), serve="tiny-b", extra_vars=story["vars"])
+    run = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve="tiny-b"),
+                              check=True, diff=True)          # what runner.preview runs, with its output
+    out = {"ok": run.ok, "plan": run.custom_stats.get("modelswap_plan", {}), "run": run.to_dict()}
     assert out["ok"], out["run"]["failures"]
     for host in HOSTS:
+        # the unit's diff (made on the controller from the read's text): tiny-a's snapshot out, tiny-b's in
+        diffs = run.task_results("Show the unit and environment changes (the preview)", host)[0]["diff"]
+        unit = [d for d in diffs if d.get("after_header") == "/etc/systemd/system/vllm.service"][0]
+        assert "tiny-a" in unit["before"] and "tiny-b" in unit["after"] and "tiny-b" not in unit["before"]
         steps = {s["step"]: s for s in out["plan"][host]["steps"]}
         assert steps["preflight"]["verdict"] == "fits"
         assert steps["fetch"]["bytes"] > 6_000_000 and steps["fetch"]["files"] == 7
@@ -111,6 +117,7 @@ def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
         assert lab.ssh(host, "sha256sum /etc/systemd/system/vllm.service").stdout == units[host]
         assert lab.ssh(host, "test -e /var/lib/modelswap/hf/hub/models--lab--tiny-b/snapshots",
                        check=False).returncode != 0
+    assert story["key"] not in run.stdout and "+ExecStart=" in run.stdout
     # the Hub saw metadata requests only: no file was downloaded
     assert not [r for r in lab.hub.requests() if r["method"] == "GET" and r.get("file")]
     story["preview"] = out["plan"]

@@ -108,9 +108,19 @@ def test_config_files_compare_by_checksum_and_the_key_file_only_says_yes_or_no(t
     right = hashlib.sha1(secret.read_bytes()).hexdigest()
     out = migrate_facts.config_facts([str(unit), str(tmp_path / "absent.env")], str(secret), right)
     assert out["sha1"] == {str(unit): hashlib.sha1(b"[Service]\n").hexdigest(), str(tmp_path / "absent.env"): None}
+    assert out["text"] == {str(unit): "[Service]\n"}          # for the preview's diffs; absent files left out
     assert out["secret_matches"] is True
     assert migrate_facts.config_facts([], str(secret), "0" * 40)["secret_matches"] is False
-    assert right not in json.dumps(out)
+    assert right not in json.dumps(out) and "sekrit-key" not in json.dumps(out)
+
+
+def test_a_large_or_binary_config_file_has_no_text(tmp_path, monkeypatch):
+    monkeypatch.setattr(migrate_facts, "TEXT_LIMIT", 16)
+    big, binary = tmp_path / "big.env", tmp_path / "bin.env"
+    big.write_text("A=1\n" * 10)
+    binary.write_bytes(b"\xff\xfe\x00")
+    out = migrate_facts.config_facts([str(big), str(binary)], "", "")
+    assert out["text"] == {str(big): None, str(binary): None} and all(out["sha1"].values())
 
 
 def test_a_plan_that_needs_room_gets_model_purges_own_plan(tmp_path):

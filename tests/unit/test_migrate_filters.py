@@ -236,6 +236,33 @@ def test_which_steps_run(read, expected, settings, todo):
     assert {k: out["todo"][k] for k in todo} == todo
 
 
+def test_the_preview_diffs_are_made_from_the_reads_texts_and_never_show_the_key():
+    read = {"config": {"sha1": {UNIT: sha1(UNIT_TEXT), ENV: sha1(ENV_TEXT)},
+                       "text": {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, "secret_matches": False}}
+    out = planned(read, {UNIT: NEW_UNIT, ENV: ENV_TEXT}, secret_path="/etc/modelswap/vllm.secret.env")
+    unit, key = out["diffs"]
+    # the unit as service_files would show it in check mode: the host's text against the new one
+    assert unit == {"before_header": UNIT, "after_header": UNIT, "before": UNIT_TEXT, "after": NEW_UNIT}
+    assert key == {"prepared": "/etc/modelswap/vllm.secret.env: the content would change (a secret file: not shown)\n"}
+
+
+@pytest.mark.parametrize("sums, texts, want", [
+    ({UNIT: None, ENV: sha1(ENV_TEXT)}, {ENV: ENV_TEXT},
+     {"before_header": UNIT + " (absent)", "after_header": UNIT, "before": "", "after": NEW_UNIT}),
+    ({UNIT: "0" * 40, ENV: sha1(ENV_TEXT)}, {UNIT: None, ENV: ENV_TEXT},
+     {"prepared": UNIT + ": the content would change (not shown: not small UTF-8 text)\n"}),
+], ids=["absent", "too-large"])
+def test_a_new_file_diffs_from_nothing_and_an_unshowable_one_is_named(sums, texts, want):
+    out = planned({"config": {"sha1": sums, "text": texts, "secret_matches": True}}, {UNIT: NEW_UNIT, ENV: ENV_TEXT})
+    assert out["diffs"] == [want]
+
+
+def test_a_converged_host_has_no_diff():
+    read = {"config": {"sha1": {UNIT: sha1(UNIT_TEXT), ENV: sha1(ENV_TEXT)},
+                       "text": {UNIT: UNIT_TEXT, ENV: ENV_TEXT}, "secret_matches": True}}
+    assert planned(read, {UNIT: UNIT_TEXT, ENV: ENV_TEXT})["diffs"] == []
+
+
 @pytest.mark.parametrize("read, settings, step, words", [
     ({"disk": dict(READ["disk"], verdict="does_not_fit", reason="short by 7 GiB",
                    filesystem={"path": "/models", "available_bytes": 1})}, {}, "preflight",
