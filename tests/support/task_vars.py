@@ -43,6 +43,9 @@ def task_vars(inventory, playbook, host, task_name, names):
         if isinstance(task, IncludeRole):
             return task.get_block_list(play=play, variable_manager=manager, loader=loader)[0]
         name = task.args.get("file") or task.args.get("_raw_params")
+        if "{{" in name:        # a file chosen by a variable (lb_pool's type): as the host would choose it
+            variables = manager.get_vars(play=play, host=inv.get_host(host), task=task)
+            name = Templar(loader=loader, variables=variables).template(trust_as_template(name))
         base = task._role._role_path + "/tasks" if task._role else loader.get_basedir()
         copy = task.copy(exclude_parent=True)
         copy._parent = task._parent
