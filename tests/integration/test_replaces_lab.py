@@ -91,7 +91,7 @@ def test_a_hand_made_server_on_the_port_is_refused_until_named(lab, story):
     refused = story["run"]("tiny-b", "gpu1")
     assert refused.rc != 0
     task, msg = last_failure(refused, "gpu1")
-    assert task == "Refuse a port held by another process", (task, msg)
+    assert task == "Check that the host can take the deployment", (task, msg)     # validate.yml, before any change
     assert f"unit {HAND}" in msg and "vllm_service_replaces" in msg
     assert unit_state(lab, "gpu1") == ("active", "enabled") and hand_serves(lab, "gpu1")
     assert unit_state(lab, "gpu1", V.UNIT)[0] != "active"

@@ -223,7 +223,7 @@ def test_check_mode_previews_the_swap_and_changes_nothing(ctx, read_only_runs):
     assert any(line.startswith("-ExecStart=") and "--served-model-name tiny-a" in line
                for line in out.splitlines())
     assert '+NCCL_P2P_LEVEL="SYS"' in out.splitlines()
-    assert "the API key would change (value hidden)" in out
+    assert "secret.env: the content would change (a secret file: not shown)" in out     # service_files
     assert "vllm.service (serving tiny-a): would stop it, then start it serving tiny-b" in " ".join(out.split())
     for host in HOSTS:
         assert ctx.outcome(run, host)["would_swap"] is True
