@@ -33,18 +33,20 @@ class ReadError(Exception):
     """The host cannot be read as asked; the message is final (the module fails with it)."""
 
 
-def sha1_of(path: str):
-    """The sha1 of a file's content (what Ansible's template and copy compare), None when absent."""
-    digest = hashlib.sha1()
+def read_bytes(path: str):
+    """A configuration file's bytes (None when absent): a unit, an environment file, a key file."""
     try:
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+            return handle.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ReadError("%s: cannot read %s (%s); run with become" % (ACTION, path, exc))
-    return digest.hexdigest()
+
+
+def sha1_hex(data: bytes) -> str:
+    """What Ansible's template and copy compare."""
+    return hashlib.sha1(data).hexdigest()
 
 
 def read_fingerprint(venv: str):
@@ -82,15 +84,8 @@ def install_facts(commands, venv: str, expected: dict) -> dict:
 TEXT_LIMIT = 256 * 1024
 
 
-def text_of(path: str):
-    """A small configuration file's text (None when absent, too large or not UTF-8)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(TEXT_LIMIT + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ReadError("%s: cannot read %s (%s); run with become" % (ACTION, path, exc))
+def text_of(data: bytes):
+    """A configuration file's text for a diff (None when too large or not UTF-8)."""
     if len(data) > TEXT_LIMIT:
         return None
     try:
@@ -100,14 +95,19 @@ def text_of(path: str):
 
 
 def config_facts(files, secret_path: str, secret_sha1: str) -> dict:
-    """Checksums and texts of the slot's configuration files, and whether the API key file holds
-    what the controller would write (a yes/no: its content and checksum are never returned)."""
-    sums = {path: sha1_of(path) for path in files}
-    texts = {path: text_of(path) for path in files if sums[path] is not None}
+    """Checksums and texts of the slot's configuration files (one read each), and whether the API
+    key file holds what the controller would write (a yes/no: its content and checksum are never
+    returned)."""
+    sums, texts = {}, {}
+    for path in files:
+        data = read_bytes(path)
+        sums[path] = None if data is None else sha1_hex(data)
+        if data is not None:
+            texts[path] = text_of(data)
     matches = None
     if secret_path:
-        have = sha1_of(secret_path)
-        matches = have is not None and have == secret_sha1
+        data = read_bytes(secret_path)
+        matches = data is not None and sha1_hex(data) == secret_sha1
     return {"sha1": sums, "text": texts, "secret_matches": matches}
 
 
