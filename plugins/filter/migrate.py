@@ -369,10 +369,12 @@ def failure_of(marks: dict, task, result) -> dict:
             "msg": result.get("msg") or result.get("stderr") or "failed"}
 
 
-def plan_lines(plan: dict, host: str) -> list[str]:
-    """The plan as the numbered todo list an operator reads."""
+def plan_lines(plan: dict, host: str, check_mode: bool = True) -> list[str]:
+    """The plan as the numbered todo list an operator reads: a preview says what would fail, a
+    real run what failed."""
+    verdict = "would fail" if check_mode else "failed"
     lines = [f"{host}: migrate to {plan.get('target')}"
-             + ("" if plan.get("ready") else f" - WOULD FAIL: {_get(plan, 'failure', 'msg')}")]
+             + ("" if plan.get("ready") else f" - {verdict}: {_get(plan, 'failure', 'msg')}")]
     for n, step in enumerate(plan.get("steps", []), 1):
         mark = "x" if step.get("failed") else " "
         lines.append(f"  [{mark}] {n}. {step['title']}: {step['text']}")

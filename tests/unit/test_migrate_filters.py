@@ -53,7 +53,8 @@ def test_a_failed_step_is_marked_in_the_plan():
     plan = migrate_plan("kimi", PLAN, None, None, None, {"enabled": True}, failure)
     assert not plan["ready"]
     assert plan["steps"][0]["failed"] == failure["msg"]
-    assert plan_lines(plan, "h")[0] == "h: migrate to kimi - WOULD FAIL: kimi does not fit: short by 7 GiB"
+    assert plan_lines(plan, "h")[0] == "h: migrate to kimi - would fail: kimi does not fit: short by 7 GiB"
+    assert plan_lines(plan, "h", check_mode=False)[0] == "h: migrate to kimi - failed: kimi does not fit: short by 7 GiB"
 
 
 @pytest.mark.parametrize("service, failure, check, outcome, rolled_back", [
