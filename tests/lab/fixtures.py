@@ -55,6 +55,10 @@ class Lab:
         """One command on HAProxy's runtime API (tests set up states the role must meet)."""
         return labctl.lb_command(self._lab, command)
 
+    def small_store(self, host: str, size: int) -> dict:
+        """An empty model store of ``size`` bytes on ``host`` (labctl.small_store): path, size, free."""
+        return labctl.small_store(self._lab, host, size)
+
     @property
     def hub(self):
         from tests.lab.hub.client import HubClient

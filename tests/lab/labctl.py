@@ -64,6 +64,9 @@ SHARED_STORE_IN_HOST = "/var/lib/modelswap/hf/hub"
 # Every host holds the lab's peer key, and every host's key is in /etc/ssh/ssh_known_hosts, so a
 # host can rsync from another over SSH with host key checking on (model_fetch with peers).
 PEER_KEY_IN_HOST = "/root/.ssh/modelswap_peer"
+# A host's small model store (`labctl small-store HOST --size N`): a file system of a fixed size
+# on which the old model and the target do not fit together, the disk-full operator's situation.
+SMALL_STORE_IN_HOST = "/var/lib/modelswap-small"
 MIN_FREE_BYTES = 8 * 1024**3   # base + wheelhouse + a vLLM virtualenv per host
 CGROUP_HIERARCHIES = ("systemd", "unified", "memory")
 
@@ -985,7 +988,8 @@ def down(lab: Lab) -> None:
 # for TimeoutStopSec. The shared store is the exception: the lab empties it (reset() below), since
 # what one host left there would change what another host's test sees (already fetched, one
 # download fewer, a model protected from purge); a tiny model is fetched again in a second. The
-# record's notes of models fetched into it (their path is under $shared) go with it.
+# record's notes of models fetched into it (their path is under $shared) go with it, and so do
+# a small store (`small-store`) and the notes of what was fetched into it.
 RESET_HOST = r"""
 set -u
 for unit in $(cd /etc/systemd/system && ls -d vllm*.service 2>/dev/null); do
@@ -1001,6 +1005,7 @@ if id -u vllm >/dev/null 2>&1; then
   find /dev/shm -maxdepth 1 -user vllm -print -delete 2>/dev/null | sed 's/^/removed /'
 fi
 rm -rf /etc/modelswap /var/lib/modelswap/vllm
+if mountpoint -q "$small"; then umount "$small" && echo "removed the small store $small"; fi
 record=/var/lib/modelswap/deployment.json
 if [ -f "$record" ]; then
   python3 -c 'import json, os, sys
@@ -1009,13 +1014,13 @@ try:
     fetched = json.load(open(p)).get("fetched", {})
 except ValueError:
     fetched = {}
-shared = sys.argv[2].rstrip("/") + "/" if sys.argv[2] else None
+gone = tuple(p.rstrip("/") + "/" for p in sys.argv[2:] if p)
 fetched = {k: v for k, v in fetched.items()
-           if not (shared and isinstance(v, dict) and str(v.get("path", "")).startswith(shared))}
+           if not (gone and isinstance(v, dict) and str(v.get("path", "")).startswith(gone))}
 tmp = p + ".reset"
 with open(tmp, "w") as out:
     json.dump({"fetched": fetched}, out)
-os.replace(tmp, p)' "$record" "$shared"
+os.replace(tmp, p)' "$record" "$shared" "$small"
 fi
 systemctl daemon-reload
 systemctl reset-failed 2>/dev/null
@@ -1045,7 +1050,8 @@ def reset(lab: Lab, state: dict | None = None) -> None:
     procs = {}
     for host in state.get("hosts", {}):
         prefix = shlex.quote(shared["in_host"]) if host in shared.get("hosts", []) else "''"
-        procs[host] = subprocess.Popen(ssh_argv(lab, host) + ["shared=%s\n%s" % (prefix, RESET_HOST)],
+        procs[host] = subprocess.Popen(ssh_argv(lab, host) + ["shared=%s\nsmall=%s\n%s" % (
+                                           prefix, shlex.quote(SMALL_STORE_IN_HOST), RESET_HOST)],
                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     failed = []
     for host, proc in procs.items():
@@ -1074,6 +1080,38 @@ def reset(lab: Lab, state: dict | None = None) -> None:
                        "`make lab-down lab-up` rebuilds the hosts")
     log(f"lab '{lab.name}': {len(procs)} host(s) reset (nothing served, Hub faults cleared, "
         f"every server of the load balancer ready)")
+
+
+SMALL_STORE = r"""
+set -eu
+if mountpoint -q {path}; then umount {path}; fi
+mkdir -p {path}
+mount -t tmpfs -o size={size},mode=0755 modelswap-small {path}
+stat -f -c '%S %b %a' {path}
+"""
+
+
+def small_store(lab: Lab, host: str, size: int) -> dict:
+    """Give ``host`` an empty model store of ``size`` bytes at SMALL_STORE_IN_HOST (made anew when
+    it exists): the disk where the old model and the target do not fit together is real, with
+    statvfs's numbers, ENOSPC in the middle of a file and space that a delete gives back.
+
+    A tmpfs with ``size=``: a loop device cannot be attached inside a container, and tmpfs gives the
+    exact size (in pages) with no image file to clean up. It lives in the host's mount namespace,
+    so it is gone with the host (`down`); `reset` removes it too. Returns the file system's size
+    and free bytes as statvfs gives them."""
+    if host not in (load_state(lab) or {}).get("hosts", {}):
+        raise LabError(f"small-store: no host {host!r} in lab '{lab.name}': run `make lab-up` first")
+    if not 1024 ** 2 <= size <= 1024 ** 3:
+        raise LabError(f"small-store --size {size}: choose 1 MiB to 1 GiB (it is held in memory)")
+    proc = run(ssh_argv(lab, host) + [SMALL_STORE.format(path=shlex.quote(SMALL_STORE_IN_HOST), size=size)],
+               check=False)
+    if proc.returncode != 0:
+        raise LabError(f"small-store on {host}: {(proc.stderr or proc.stdout).strip()}")
+    block, blocks, free = (int(x) for x in proc.stdout.split()[-3:])
+    log(f"host {host}: a small model store at {SMALL_STORE_IN_HOST}: {blocks * block} bytes, "
+        f"{free * block} free")
+    return {"path": SMALL_STORE_IN_HOST, "size": blocks * block, "free": free * block}
 
 
 def status(lab: Lab) -> int:
@@ -1136,6 +1174,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="tear the lab down")
     sub.add_parser("status", help="show the lab")
     sub.add_parser("reset", help="stop what the hosts serve and remove modelswap's configuration")
+    p_small = sub.add_parser("small-store", help="give a host an empty model store of a fixed size "
+                                                 f"at {SMALL_STORE_IN_HOST} (made anew; `reset` removes it)")
+    p_small.add_argument("host")
+    p_small.add_argument("--size", type=int, required=True, help="bytes (1 MiB to 1 GiB)")
     p_addr = sub.add_parser("address", help="print a host's address")
     p_addr.add_argument("host")
     args = parser.parse_args(argv)
@@ -1149,6 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
             down(lab)
         elif args.cmd == "reset":
             reset(lab)
+        elif args.cmd == "small-store":
+            small_store(lab, args.host, args.size)
         elif args.cmd == "address":
             if args.host not in lab.hosts:
                 raise LabError(f"no host {args.host!r} in lab '{lab.name}' (hosts: {', '.join(lab.hosts) or 'none'})")
