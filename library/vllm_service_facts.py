@@ -141,13 +141,17 @@ previous:
 unit:
   description: The unit's state - C(loaded), C(active_state), C(sub_state), C(main_pid),
     C(n_restarts), C(fragment_path), C(unit_file_state) (C(enabled), C(disabled)...), C(model)
-    (what its ExecStart serves).
+    (what its ExecStart serves, as systemd loaded it), C(need_daemon_reload) (the unit file
+    changed since systemd loaded it) and C(running_model) (what the running main process was
+    started with, from its command line; null when the unit is not active).
   returned: always
   type: dict
   sample: {"loaded": true, "active_state": "active", "sub_state": "running", "main_pid": 812,
            "n_restarts": 0, "fragment_path": "/etc/systemd/system/vllm.service",
            "unit_file_state": "enabled",
-           "model": "/var/lib/modelswap/hf/hub/models--lab--tiny-a/snapshots/0a1b..."}
+           "model": "/var/lib/modelswap/hf/hub/models--lab--tiny-a/snapshots/0a1b...",
+           "need_daemon_reload": false,
+           "running_model": "/var/lib/modelswap/hf/hub/models--lab--tiny-a/snapshots/0a1b..."}
 replaces:
   description: The state of each unit of O(replaces), as RV(unit), with its name in C(unit).
   returned: always

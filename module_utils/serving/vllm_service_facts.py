@@ -21,19 +21,34 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_mode
 
 VERSION_SNIPPET = "import importlib.metadata as m; print(m.version('vllm'))"
 UNIT_FACT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "FragmentPath",
-                        "ExecStart", "ControlGroup", "UnitFileState")
+                        "ExecStart", "ControlGroup", "UnitFileState", "NeedDaemonReload")
 
 NO_UNIT = {"loaded": False, "active_state": None, "sub_state": None, "main_pid": 0, "n_restarts": 0,
-           "fragment_path": None, "unit_file_state": None, "model": None}
+           "fragment_path": None, "unit_file_state": None, "model": None, "need_daemon_reload": False,
+           "running_model": None}
 
 
 class FactsError(Exception):
     """The module fails with this message (unusable options, an unreadable record)."""
 
 
-def unit_facts(commands, unit: str) -> dict:
-    """The state of ``unit`` and the model its ExecStart serves; not loaded (with the reason)
-    when systemd cannot be asked."""
+def process_model(pid: int, proc_root: str = "/proc"):
+    """The model the process ``pid`` was started with, from its command line: what a running
+    vLLM really serves, whatever the unit file says now. None when it is gone or not vLLM."""
+    if not pid or pid <= 0:
+        return None
+    try:
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
+            argv = [arg.decode("utf-8", "replace") for arg in handle.read().split(b"\0") if arg]
+    except OSError:
+        return None
+    return model_from_argv(argv)
+
+
+def unit_facts(commands, unit: str, proc_root: str = "/proc") -> dict:
+    """The state of ``unit``, the model its ExecStart serves (as systemd loaded it), whether its
+    file changed since (``need_daemon_reload``) and the model its running main process was
+    started with (``running_model``); not loaded (with the reason) when systemd cannot be asked."""
     systemctl = commands.which("systemctl")
     if not systemctl:
         return dict(NO_UNIT, reason="systemctl not found")
@@ -43,15 +58,18 @@ def unit_facts(commands, unit: str) -> dict:
         return dict(NO_UNIT, reason=(err or out).strip()[:300])
     show = parse_systemctl_show(out)
     loaded = show.get("LoadState") == "loaded"
+    main_pid = int(show.get("MainPID") or 0) if (show.get("MainPID") or "0").isdigit() else 0
     return {
         "loaded": loaded,
         "active_state": show.get("ActiveState"),
         "sub_state": show.get("SubState"),
-        "main_pid": int(show.get("MainPID") or 0),
+        "main_pid": main_pid,
         "n_restarts": int(show.get("NRestarts") or 0) if (show.get("NRestarts") or "0").isdigit() else 0,
         "fragment_path": show.get("FragmentPath") or None,
         "unit_file_state": show.get("UnitFileState") or None,
         "model": model_from_argv(exec_start_argv(show.get("ExecStart", ""))) if loaded else None,
+        "need_daemon_reload": show.get("NeedDaemonReload") == "yes",
+        "running_model": process_model(main_pid, proc_root) if show.get("ActiveState") == "active" else None,
     }
 
 

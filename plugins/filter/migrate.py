@@ -136,6 +136,12 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     swap_text = ((f"{', '.join(stops)}, start {target}; serving stops until the new model is ready"
                   if stops else f"start {target} ({_get(service, 'unit')}); nothing serves on this host yet")
                  if would_swap else f"{target} already serves with this configuration: no restart")
+    reasons = _get(service, "restart_reasons", default=[]) or []
+    repairs = [] if would_swap else (_get(service, "repairs", default=[]) or [])
+    if would_swap and reasons:
+        swap_text = f"restart ({'; '.join(reasons)}): {swap_text}"
+    if repairs:
+        swap_text = "; ".join([swap_text] + repairs)
     if pool and would_swap:
         swap_text = (f"drain from the load balancer ({pool.get('line')}), {swap_text.replace('; serving stops until the new model is ready', '')}"
                      f", rejoin after the gates; clients are served by the pool's other hosts")
@@ -143,7 +149,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
         "would_swap": would_swap, "stop": (old or ", ".join(units) or None) if would_swap else None,
         "start": target if would_swap else None, "unit": _get(service, "unit"), "replaced_units": units,
-        "drain": bool(pool) and would_swap, "pool": (pool or {}).get("line"),
+        "drain": bool(pool) and would_swap, "pool": (pool or {}).get("line"), "repairs": repairs,
         "text": swap_text})
     bench_on = bool(_get(benchmark, "enabled")) and would_swap
     ladder = _get(benchmark, "concurrency", default=[])
@@ -161,7 +167,7 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
             for step in steps[failed_at + 1:]:
                 step["text"], step["reached"] = "not reached", False
     return {"target": target, "steps": steps, "ready": not failure,
-            "changes": bool(would_install or removed or download or would_swap), "failure": failure}
+            "changes": bool(would_install or removed or download or would_swap or repairs), "failure": failure}
 
 
 def _purge_problem(host: str, target: str, disk: dict, settings: dict) -> str:
@@ -221,13 +227,18 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     configure = bool(drift) or secret_ok is False
     unit_state = _get(service, "unit", "active_state")
     replaced = settings.get("replaced_todo") or []
-    swap = configure or unit_state != "active" or bool(settings.get("force_restart")) or bool(replaced)
+    restart = restart_reasons(service.get("unit") or {})
+    swap = (configure or unit_state != "active" or bool(settings.get("force_restart")) or bool(replaced)
+            or bool(restart))
     fetch = read.get("fetch") or {}
     fleet = settings.get("fleet") or {}
+    repairs, todo_record, todo_rejoin = ([], False, False) if swap else repairs_of(
+        target, service, fetch.get("commit"), settings, fleet.get("pool") or {})
     service_result = {
         "action": "deploy", "model": target, "unit": settings.get("unit"), "swapped": False,
         "would_swap": swap, "replaced_model": _get(service, "deployment", "model") if swap else None,
-        "replaced_units": [u.get("unit") for u in replaced] if swap else []}
+        "replaced_units": [u.get("unit") for u in replaced] if swap else [],
+        "restart_reasons": restart, "repairs": repairs}
     fleet_pool = (settings.get("fleet") or {}).get("pool")
     if fleet_pool:
         service_result["pool"] = fleet_pool
@@ -253,6 +264,7 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
         purge = {"removed": [], "planned_bytes": 0, "by": fleet["purge_by"]}
     todo = {"install": install_result["changed"], "purge": purge is not None and not purge.get("by"),
             "fetch": not fetch.get("verified", False), "configure": configure, "swap": swap,
+            "record": todo_record, "rejoin": todo_rejoin,
             "drift": drift + ([] if secret_ok is not False else ["API key file"])}
     plan = migrate_plan(target, disk or None, purge, fetch, service_result,
                         settings.get("benchmark"), failure, float(settings.get("download_rate") or 0),
@@ -260,6 +272,52 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     diffs = config_diffs(read, expected or {}, drift, settings.get("secret_path"), secret_ok)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
             "service": service_result, "diffs": diffs, "source": fleet.get("source")}
+
+
+def model_label(path) -> str:
+    """``org/name@commit12`` for a snapshot path of the Hugging Face cache; the path otherwise."""
+    parts = str(path or "").rstrip("/").split("/")
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return "%s@%s" % (parts[-3][len("models--"):].replace("--", "/"), parts[-1][:12])
+    return str(path)
+
+
+def restart_reasons(unit: dict) -> list:
+    """Why an active unit must restart although its files are the target's: an interrupted swap
+    wrote them and was killed before the restart (systemd has not loaded them, or the process
+    that runs was started from the old ones)."""
+    if unit.get("active_state") != "active":
+        return []
+    reasons = []
+    if unit.get("need_daemon_reload"):
+        reasons.append("the unit file changed since systemd loaded it")
+    running, loaded = unit.get("running_model"), unit.get("model")
+    if running and loaded and running != loaded:
+        reasons.append("the running process serves %s, the unit says %s" % (model_label(running), model_label(loaded)))
+    return reasons
+
+
+def repairs_of(target: str, service: dict, commit, settings: dict, pool: dict) -> tuple:
+    """What a host that serves the target still lacks, when an interrupted run left it so:
+    (lines for the plan, record it, rejoin the pool). The record must name what serves (a kill
+    between the start and the record leaves the old one there, and the old configuration as the
+    one a later rollback restores); a host this run's drain left out of the pool goes back."""
+    lines, record, rejoin = [], False, False
+    deployment = service.get("deployment") or {}
+    if _get(service, "unit", "active_state") == "active" and (
+            deployment.get("model") != target or (commit and deployment.get("commit") != commit)):
+        record = True
+        lines.append("repair the record: it names %s, %s serves" % (
+            "%s@%s" % (deployment.get("model"), str(deployment.get("commit") or "")[:12])
+            if deployment.get("model") else "no deployment", target))
+    mark = settings.get("drain_mark")
+    if mark and (service.get("files") or {}).get(mark):
+        rejoin = True
+        status = pool.get("status")
+        lines.append("rejoin the pool: %s is %s there since an interrupted run drained it" % (
+            settings.get("host") or "the host", status) if status and status != "UP"
+            else "forget the drain mark of an interrupted run (the host is in the pool)")
+    return lines, record, rejoin
 
 
 def _item_repo(item: str):
@@ -288,9 +346,9 @@ def _pools(hosts, lb: dict | None) -> dict:
                 for h in hosts}
     out = {}
     for name in hosts:
-        view = lb_pool.pool_view(servers, name, lb.get("min_serving") or 1, [name], lb.get("name") or lb.get("backend"))
+        view = lb_pool.pool_view(servers, name, lb.get("min_serving", 1), [name], lb.get("name") or lb.get("backend"))
         out[name] = {"type": kind, "line": view["line"], "floor_ok": view["floor_ok"], "problem": view["problem"],
-                     "serving": view["serving"], "total": view["total"]}
+                     "serving": view["serving"], "total": view["total"], "status": view["status"]}
     return out
 
 

@@ -206,13 +206,14 @@ def planned(read=None, expected=None, **settings):
 def test_the_plan_from_one_read_is_the_plan_from_the_steps_results():
     out = planned()
     service = {"action": "deploy", "model": "kimi-k2.5-int4", "unit": "vllm.service", "swapped": False,
-               "would_swap": True, "replaced_model": "minimax-m2.5", "replaced_units": []}
+               "would_swap": True, "replaced_model": "minimax-m2.5", "replaced_units": [],
+               "restart_reasons": [], "repairs": []}
     assert out["service"] == service
     assert out["plan"] == migrate_plan("kimi-k2.5-int4", READ["disk"], None, FETCH_CHECK, service,
                                        {"enabled": True, "concurrency": [1, 8]}, None, 0.0,
                                        dict(out["install"], enabled=True))
     assert out["todo"] == {"install": False, "purge": False, "fetch": True, "configure": True, "swap": True,
-                           "drift": [UNIT]}
+                           "record": False, "rejoin": False, "drift": [UNIT]}
     assert out["failure"] is None
 
 
@@ -235,6 +236,50 @@ def test_the_plan_from_one_read_is_the_plan_from_the_steps_results():
 def test_which_steps_run(read, expected, settings, todo):
     out = planned(read, expected, **settings)
     assert {k: out["todo"][k] for k in todo} == todo
+
+
+# What an interrupted run leaves, read as divergences (issue 27): the files already the target's
+# while systemd or the running process still have the old ones; the target serving while the
+# record names the old deployment; the host out of the pool with this run's drain mark on it.
+MARK = "/var/lib/modelswap/lb-drained.json"
+OLD = "/hub/models--org--minimax/snapshots/" + "a" * 40
+NEW = "/hub/models--org--kimi/snapshots/" + "c" * 40
+SERVES_TARGET = {"unit": {"active_state": "active", "model": NEW, "running_model": NEW},
+                 "deployment": {"model": "kimi-k2.5-int4", "commit": "c" * 40}, "files": {MARK: False}}
+SAME_FILES = {UNIT: UNIT_TEXT, ENV: ENV_TEXT}
+
+
+@pytest.mark.parametrize("service, pool, todo, words", [
+    (SERVES_TARGET, None, {"swap": False, "record": False, "rejoin": False}, "already serves with this configuration"),
+    # killed between writing the files and the stop: systemd has not loaded the new unit
+    (dict(SERVES_TARGET, unit={"active_state": "active", "model": OLD, "running_model": OLD, "need_daemon_reload": True}),
+     None, {"swap": True, "record": False}, "restart (the unit file changed since systemd loaded it)"),
+    # the unit was reloaded, but the process that runs was started from the old snapshot
+    (dict(SERVES_TARGET, unit={"active_state": "active", "model": NEW, "running_model": OLD}),
+     None, {"swap": True}, "the running process serves org/minimax@aaaaaaaaaaaa, the unit says org/kimi@cccccccccccc"),
+    # killed after the start, before the record: the record names the old model
+    (dict(SERVES_TARGET, deployment={"model": "minimax-m2.5", "commit": "a" * 40}), None,
+     {"swap": False, "record": True, "rejoin": False}, "repair the record: it names minimax-m2.5@aaaaaaaaaaaa"),
+    (dict(SERVES_TARGET, deployment={"model": "kimi-k2.5-int4", "commit": "b" * 40}), None,
+     {"swap": False, "record": True}, "repair the record"),
+    # killed after the drain: out of the pool, this run's mark on the host
+    (dict(SERVES_TARGET, files={MARK: True}), {"status": "MAINT"}, {"swap": False, "record": False, "rejoin": True},
+     "rejoin the pool: gpu-a01 is MAINT there since an interrupted run drained it"),
+    (dict(SERVES_TARGET, files={MARK: True}), {"status": "UP"}, {"rejoin": True}, "forget the drain mark"),
+    # an operator's maintenance (no mark of a run) is left alone
+    (SERVES_TARGET, {"status": "MAINT"}, {"rejoin": False}, "already serves with this configuration"),
+], ids=["converged", "reload-pending", "stale-process", "record-old-model", "record-old-commit", "drained",
+        "mark-only", "operator-maint"])
+def test_an_interrupted_run_is_repaired_by_the_plan(service, pool, todo, words):
+    out = planned({"service": service, "fetch": {"commit": "c" * 40, "verified": True,
+                                                 "would_fetch": {"files": [], "bytes": 0}}},
+                  SAME_FILES, drain_mark=MARK, fleet={"pool": dict(pool, line="pool") if pool else {}})
+    assert {k: out["todo"][k] for k in todo} == todo
+    swap = {s["step"]: s for s in out["plan"]["steps"]}["swap"]
+    assert words in swap["text"], swap["text"]
+    repaired = todo.get("record") or todo.get("rejoin")
+    assert out["plan"]["changes"] is bool(todo.get("swap") or repaired)
+    assert bool(swap["repairs"]) is bool(repaired)
 
 
 def test_the_preview_diffs_are_made_from_the_reads_texts_and_never_show_the_key():

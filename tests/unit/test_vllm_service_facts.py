@@ -25,6 +25,7 @@ start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }
 ControlGroup=/system.slice/vllm.service
 UnitFileState=enabled
 """ % SNAPSHOT
+OLD_SNAPSHOT = "/var/lib/modelswap/hf/hub/models--lab--tiny-b/snapshots/" + "0b" * 20
 SHOW_NOT_FOUND = """LoadState=not-found
 ActiveState=inactive
 SubState=dead
@@ -49,23 +50,49 @@ def commands(answers, installed=("systemctl",), calls=None):
 @pytest.mark.parametrize("answer, installed, expected", [
     ((0, SHOW_LOADED, ""), ("systemctl",),
      {"loaded": True, "active_state": "active", "sub_state": "running", "main_pid": 812, "n_restarts": 2,
-      "fragment_path": "/etc/systemd/system/vllm.service", "unit_file_state": "enabled", "model": SNAPSHOT}),
+      "fragment_path": "/etc/systemd/system/vllm.service", "unit_file_state": "enabled", "model": SNAPSHOT,
+      "need_daemon_reload": False, "running_model": OLD_SNAPSHOT}),
+    ((0, SHOW_LOADED + "NeedDaemonReload=yes\n", ""), ("systemctl",),
+     {"loaded": True, "active_state": "active", "sub_state": "running", "main_pid": 812, "n_restarts": 2,
+      "fragment_path": "/etc/systemd/system/vllm.service", "unit_file_state": "enabled", "model": SNAPSHOT,
+      "need_daemon_reload": True, "running_model": OLD_SNAPSHOT}),
     ((0, SHOW_NOT_FOUND, ""), ("systemctl",),
      {"loaded": False, "active_state": "inactive", "sub_state": "dead", "main_pid": 0, "n_restarts": 0,
-      "fragment_path": None, "unit_file_state": None, "model": None}),
+      "fragment_path": None, "unit_file_state": None, "model": None, "need_daemon_reload": False,
+      "running_model": None}),
     ((1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"), ("systemctl",),
      dict(vllm_service_facts.NO_UNIT,
           reason="System has not been booted with systemd as init system (PID 1). Can't operate.")),
     ((1, "out only\n", ""), ("systemctl",), dict(vllm_service_facts.NO_UNIT, reason="out only")),
     (None, (), dict(vllm_service_facts.NO_UNIT, reason="systemctl not found")),
 ])
-def test_unit_facts(answer, installed, expected):
+def test_unit_facts(answer, installed, expected, tmp_path):
+    """``running_model`` is read from the main process's command line (a /proc of the test's own:
+    PID 812 was started with the old snapshot, whatever the unit file says now)."""
+    (tmp_path / "812").mkdir()
+    (tmp_path / "812" / "cmdline").write_bytes(b"\0".join(
+        [b"/opt/venv/bin/python", b"/opt/venv/bin/vllm", b"serve", OLD_SNAPSHOT.encode(), b"--port", b"8000", b""]))
     calls = []
-    assert vllm_service_facts.unit_facts(commands({"systemctl": answer}, installed, calls), "vllm.service") == expected
+    got = vllm_service_facts.unit_facts(commands({"systemctl": answer}, installed, calls), "vllm.service",
+                                        proc_root=str(tmp_path))
+    assert got == expected
     if installed:
         assert calls == [(["/usr/bin/systemctl", "show", "--property=LoadState,ActiveState,SubState,MainPID,"
-                           "NRestarts,FragmentPath,ExecStart,ControlGroup,UnitFileState", "--", "vllm.service"],
-                          {"LANG": "C", "LC_ALL": "C"})]
+                           "NRestarts,FragmentPath,ExecStart,ControlGroup,UnitFileState,NeedDaemonReload",
+                           "--", "vllm.service"], {"LANG": "C", "LC_ALL": "C"})]
+
+
+@pytest.mark.parametrize("cmdline, expected", [
+    (b"/opt/venv/bin/python\0/opt/venv/bin/vllm\0serve\0/m/a\0--port\0" b"8000\0", "/m/a"),
+    (b"/usr/sbin/sshd\0-D\0", None),                     # not vLLM
+    (None, None),                                         # the process is gone
+])
+def test_the_running_process_says_what_it_serves(cmdline, expected, tmp_path):
+    if cmdline is not None:
+        (tmp_path / "4242").mkdir()
+        (tmp_path / "4242" / "cmdline").write_bytes(cmdline)
+    assert vllm_service_facts.process_model(4242, str(tmp_path)) == expected
+    assert vllm_service_facts.process_model(0, str(tmp_path)) is None
 
 
 def executable(path, text="#!/bin/sh\nexit 0\n"):

@@ -1,0 +1,123 @@
+"""A rerun repairs what an interrupted migration left (issue 27), on the lab behind HAProxy.
+
+The controller is killed (SIGKILL to ansible-playbook's whole process group) the moment a task
+of gpu1's swap starts; the same command run again must converge: the host serves the target and
+passes the gates, is UP in the pool, the record names what serves and ``previous`` what served
+before, and a second rerun changes nothing. The kill points sampled here (the campaign over every
+task start is tests/bench/bench_crash_points.py): between the stop and the start, during the
+gates, and between the gates and the rejoin. Also here: a run with ``--limit`` and no localhost
+gets a results folder of its own.
+
+gpu1 alone serves here (the floor is 0: the pool's other server is not part of the story).
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
+from tests.integration import vllm_lab
+from tests.support.crash import run_killed_at
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+HOST = "gpu1"
+LIMIT = f"{HOST},localhost"
+MARK = "/var/lib/modelswap/lb-drained.json"
+
+
+def served(lab, key: str) -> list[str] | None:
+    req = urllib.request.Request(f"http://{lab.address(HOST)}:8000/v1/models",
+                                 headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            return [m["id"] for m in json.load(resp)["data"]]
+    except OSError:
+        return None
+
+
+def record(lab) -> dict:
+    return json.loads(lab.ssh(HOST, "cat /var/lib/modelswap/deployment.json").stdout)
+
+
+@pytest.fixture(scope="module")
+def story(lab, tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    vllm_lab.reset_host(lab, HOST)
+    lab.ssh(HOST, f"rm -f {MARK}")
+    state = {"key": lab.api_key, "results": results,
+             "vars": {"modelswap_results_dir": str(results), "benchmark_results_dir": str(results / "benchmark"),
+                      "modelswap_benchmark": False, "modelswap_min_serving": 0}}
+    start = runner.migrate(str(lab.inventory), serve="tiny-a", limit=LIMIT, extra_vars=state["vars"])
+    assert start["ok"], start["run"]["failures"]
+    assert lab.lb_servers()[HOST] == "UP"
+    yield state
+    vllm_lab.reset_host(lab, HOST)
+    lab.ssh(HOST, f"rm -f {MARK}", check=False)
+    lab.lb_command(f"enable server vllm/{HOST}")
+
+
+def kill_then_rerun(lab, story, target: str, kill_at: str, before: str) -> dict:
+    """Kill the swap to ``target`` where ``kill_at`` starts, check the state it left, rerun: the
+    rerun's result, after the invariants of a converged host are checked."""
+    crashed = run_killed_at("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
+                            kill_at=kill_at, limit=LIMIT)
+    assert crashed["killed"], crashed["output"][-3000:]
+    assert lab.lb_servers()[HOST].startswith("MAINT"), lab.lb_servers()       # left out of the pool
+    rerun = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
+                                limit=LIMIT)
+    assert rerun.ok, rerun.failures()
+    converged(lab, story, target, before)
+    again = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
+                                limit=LIMIT)
+    assert again.ok and again.changed(HOST) == 0, again.failures()
+    assert again.custom_stats["modelswap_record"][HOST]["outcome"] == "unchanged"
+    return {"crashed": crashed, "rerun": rerun}
+
+
+def converged(lab, story, target: str, before: str) -> None:
+    """Serves the target (the gates' completion included), UP in the pool, the record names it
+    and `previous` what served before, the saved configuration a rollback restores is the one
+    that serves, and no drain mark is left."""
+    assert served(lab, story["key"]) == [target]
+    assert lab.lb_servers()[HOST] == "UP"
+    rec = record(lab)
+    assert rec["model"] == target, rec
+    assert rec["previous"]["model"] == before, rec["previous"]
+    active = lab.ssh(HOST, "cat /var/lib/modelswap/vllm/*/active/unit", check=False).stdout
+    assert f"models--lab--{target}" in active
+    assert lab.ssh(HOST, f"test -e {MARK}", check=False).returncode != 0
+
+
+def test_1_killed_between_the_stop_and_the_start(lab, story):
+    out = kill_then_rerun(lab, story, "tiny-b", "Wait for GPU memory to be released", before="tiny-a")
+    assert out["rerun"].custom_stats["modelswap_record"][HOST]["outcome"] == "migrated"
+
+
+def test_2_killed_during_the_gates_the_rerun_repairs_the_record_and_rejoins(lab, story):
+    out = kill_then_rerun(lab, story, "tiny-a", "Wait until the new server serves", before="tiny-b")
+    rec = out["rerun"].custom_stats["modelswap_record"][HOST]
+    # the server the killed run started is kept: no second restart, the plan repairs the rest
+    assert not rec["swap"]["swapped"] and rec["outcome"] == "changed", rec
+    swap = {s["step"]: s for s in rec["plan"]["steps"]}["swap"]
+    assert "repair the record: it names tiny-b" in swap["text"] and "rejoin the pool" in swap["text"], swap
+
+
+def test_3_killed_between_the_gates_and_the_rejoin(lab, story):
+    out = kill_then_rerun(lab, story, "tiny-b", "Put the host back in the pool (the generation gate passed)",
+                          before="tiny-a")
+    rec = out["rerun"].custom_stats["modelswap_record"][HOST]
+    assert not rec["swap"]["swapped"], rec
+    assert any("rejoin the pool" in line for line in {s["step"]: s for s in rec["plan"]["steps"]}["swap"]["repairs"])
+
+
+def test_4_a_limited_run_without_localhost_gets_its_own_results_folder(lab, story):
+    runs = [runner.migrate(str(lab.inventory), serve="tiny-b", limit=HOST, extra_vars=story["vars"]) for _ in range(2)]
+    for out in runs:
+        assert out["ok"], out["run"]["failures"]
+        assert Path(out["run_dir"], f"{HOST}.json").exists() and Path(out["run_dir"], "summary.md").exists()
+        assert Path(out["run_dir"]).parent == Path(story["results"]) / "runs"
+    assert runs[0]["run_dir"] != runs[1]["run_dir"]
+    assert not (Path(story["results"]) / "runs" / "adhoc").exists()
