@@ -34,6 +34,13 @@ description:
   - Check mode returns the list and the bytes that would be freed, and a diff of the store's
     contents. A real run reports the bytes actually freed, measured on the file system
     (C(statvfs)); a second run reports C(changed=false).
+  - A real run is verified. huggingface_hub's C(DeleteCacheStrategy) only logs a path it cannot
+    delete (an immutable file, an NFS C(root_squash) mount, a task without become) and returns, so
+    after each item's deletion every planned path is looked at again on disk; one still there (and
+    still what was planned) is removed once more, and what stays is named with its cause. Then the
+    module fails (after deleting the rest of the plan) with a message naming the item, the first
+    paths left and the cause; RV(removed) lists only what is really gone, RV(left) what is not,
+    RV(freed_bytes) what the file system really freed.
 extends_documentation_fragment:
   - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
@@ -118,7 +125,10 @@ EXAMPLES = r"""
 
 RETURN = r"""
 removed:
-  description: What was (check mode, would be) deleted, with the bytes each frees.
+  description:
+    - What was (check mode, would be) deleted, with the bytes each frees (as planned).
+    - In a real run only the items whose planned paths are all gone from the disk; an item with
+      something left is under RV(left) instead.
   returned: always
   type: list
   elements: dict
@@ -165,6 +175,18 @@ freed_bytes:
   description: Bytes actually freed, measured with statvfs before and after (null in check mode).
   returned: always
   type: int
+left:
+  description:
+    - What a real run could not delete, one row per item (an item, a repo's revisions or a plain
+      directory, as C(org/name), C(org/name@<commit>,...) or its path), with the paths still on
+      disk (the deepest that failed, e.g. an immutable blob inside a repo folder) and the cause
+      (the error's text, e.g. C(Operation not permitted), C(Permission denied)). The module
+      fails whenever it is not empty.
+  returned: when the module deleted (not in check mode, nor when there was nothing to delete)
+  type: list
+  elements: dict
+  sample: [{"item": "org/old", "paths": ["/data/hf/hub/models--org--old/blobs/9f86d0..."],
+            "cause": "Operation not permitted"}]
 diff:
   description: Store listing before and after.
   returned: when diff mode is on

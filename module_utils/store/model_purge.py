@@ -10,12 +10,21 @@ what changes held, the plan is checked again (model_store.plan_changes) and dele
 The plan functions read the scanned store and probe locks but change nothing; each is
 table-tested directly (tests/unit/test_model_purge_plan.py). Refusals and failures raise
 PurgeError, whose message is final and whose ``details`` are the extra result keys.
+
+A purge is verified: huggingface_hub's strategy only logs a path it could not delete (an immutable
+file, an NFS root_squash mount, a task without become) and returns, so after each step every
+planned path is looked at again (``leftovers``); what is still there is removed once more as
+planned, and what stays is named with its cause: the item is not reported removed and the module
+fails (tests/unit/test_purge_verified.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
+import stat
+import sys
 from pathlib import Path
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
@@ -339,24 +348,163 @@ def purge_diff(store, plan: PurgePlan) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the apply
-def delete_step(store, step):
+def delete_step(store, step) -> list:
     """Delete exactly ``step``'s planned paths (model_store.delete_plan), already re-checked: a healthy
     repo's through huggingface_hub's strategy (its deletion order and shared-store cleanup), a
-    damaged repo or a plain directory with rmtree."""
+    damaged repo or a plain directory with rmtree; then check them on disk (``leftovers``).
+    Returns what is still there, [(path, cause)]; the repo's lock folder goes only when nothing is."""
+    try:
+        if step.uses_hf:
+            fields = {f.name for f in dataclasses.fields(DeleteCacheStrategy)}
+            extra = {"cache_dir": Path(store.cache_dir)} if "cache_dir" in fields else {}
+            # it logs a path it cannot delete (PermissionError) and goes on: leftovers() finds it
+            DeleteCacheStrategy(
+                expected_freed_size=step.expected,
+                blobs=frozenset(Path(x) for x in step.paths("blob")),
+                refs=frozenset(Path(x) for x in step.paths("ref")),
+                repos=frozenset(Path(x) for x in step.paths("repo")),
+                snapshots=frozenset(Path(x) for x in step.paths("snapshot")), **extra).execute()
+        else:
+            shutil.rmtree(step.unlinks[0].path)
+    except OSError:
+        pass    # what the failure left is found, removed once more or named, below
     if step.uses_hf:
-        fields = {f.name for f in dataclasses.fields(DeleteCacheStrategy)}
-        extra = {"cache_dir": Path(store.cache_dir)} if "cache_dir" in fields else {}
-        DeleteCacheStrategy(
-            expected_freed_size=step.expected,
-            blobs=frozenset(Path(x) for x in step.paths("blob")),
-            refs=frozenset(Path(x) for x in step.paths("ref")),
-            repos=frozenset(Path(x) for x in step.paths("repo")),
-            snapshots=frozenset(Path(x) for x in step.paths("snapshot")), **extra).execute()
-        model_store.remove_metadata(step)
-    else:
-        shutil.rmtree(step.unlinks[0].path)
-    if step.whole and step.folder:
+        try:
+            model_store.remove_metadata(step)
+        except OSError:
+            pass
+    left = leftovers(step)
+    if not left and step.whole and step.folder:
         shutil.rmtree(store_locks.lock_dir(store.cache_dir, step.folder), ignore_errors=True)
+    return left
+
+
+def _lstat(path: str):
+    """(lstat result or None when the path is gone, the OSError that hides whether it is there)."""
+    try:
+        return os.lstat(path), None
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    except OSError as exc:
+        return None, exc
+
+
+def _rmtree(path: str) -> list:
+    """rmtree ``path`` going past failures; [(path, OSError)] for each failure."""
+    failures = []
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda _func, failed, exc: failures.append((failed, exc)))
+    else:
+        shutil.rmtree(path, onerror=lambda _func, failed, info: failures.append((failed, info[1])))
+    return failures
+
+
+def remove_once(path: str) -> list:
+    """Remove ``path`` once: a real folder with rmtree (going past failures), anything else with
+    unlink (a link is never followed). Returns [(path, OSError)] for what could not be removed."""
+    st, exc = _lstat(path)
+    if exc is not None:
+        return [(path, exc)]
+    if st is None:
+        return []
+    if stat.S_ISDIR(st.st_mode):
+        return _rmtree(path)
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        return [(path, exc)]
+    return []
+
+
+def _cause(exc) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+def leftovers(step) -> list:
+    """What of ``step``'s planned paths (model_store.PurgeStep.unlinks) is still on disk after its
+    deletion, [(path, cause)], in plan order; empty when all of it is gone.
+
+    huggingface_hub's strategy logs a path it cannot delete and goes on, so each planned path still
+    there is removed once more, exactly as planned, and only if it is still what the plan saw
+    (model_store.unlink_problem: same inode and type, reached through no symlink; otherwise it is
+    left alone and that is its cause). What that second removal cannot delete is named with the
+    OSError's strerror (a folder's own "Directory not empty" only when nothing inside says more);
+    what it deletes is not a leftover.
+    """
+    out = []
+    for u in step.unlinks:
+        st, exc = _lstat(u.path)
+        if exc is not None:
+            out.append((u.path, _cause(exc)))
+            continue
+        if st is None:
+            continue
+        why = model_store.unlink_problem(u)
+        if why:
+            out.append((u.path, why))
+            continue
+        failures = remove_once(u.path)
+        st, exc = _lstat(u.path)
+        if st is None and exc is None:
+            continue
+        named = [(p, e) for p, e in failures if getattr(e, "errno", None) != errno.ENOTEMPTY] or failures
+        if named:
+            out.extend((p, _cause(e)) for p, e in named)
+        else:
+            out.append((u.path, _cause(exc) if exc is not None else "still there after a second removal"))
+    return out
+
+
+def left_row(step, left) -> dict:
+    """The result's row for a step that left ``left`` ([(path, cause)]) on disk."""
+    causes = []
+    for _path, cause in left:
+        if cause not in causes:
+            causes.append(cause)
+    return {"item": step.label, "paths": [p for p, _ in left], "cause": "; ".join(causes)}
+
+
+def count_entries(step) -> int:
+    """How many of ``step``'s planned paths and the entries inside its folders are on disk."""
+    n = 0
+    for u in step.unlinks:
+        st, _ = _lstat(u.path)
+        if st is None:
+            continue
+        n += 1
+        if stat.S_ISDIR(st.st_mode):
+            for _dirpath, dirnames, filenames in os.walk(u.path):
+                n += len(dirnames) + len(filenames)
+    return n
+
+
+def leftover_message(removed: int, planned: int, left, shown: int = 3) -> str:
+    """The failure of a purge that left ``left`` (left_row()s) on disk, ``removed`` of ``planned``
+    items really gone."""
+    parts = []
+    for row in left:
+        paths = ", ".join(row["paths"][:shown])
+        if len(row["paths"]) > shown:
+            paths += " and %d more" % (len(row["paths"]) - shown)
+        parts.append("%s: still on disk: %s (%s)" % (row["item"], paths, row["cause"]))
+    return ("%s: deleted %d of %d; %s; find why (lsattr shows an immutable file; a read-only or "
+            "root_squash mount; a task without become), fix it and run the purge again" % (
+                ACTION, removed, planned, "; ".join(parts)))
+
+
+def rows_of(plan: PurgePlan, steps) -> list:
+    """The rows of ``plan.removed`` that the deletion ``steps`` (model_store.PurgeStep) account for:
+    a repo step's items by its folder, a plain directory's by its path."""
+    keys = {step.folder or step.label for step in steps}
+    out = []
+    for kind, key, group in plan.steps:
+        idents = {item.ident for item in group}
+        rows = [row for row in plan.removed if row["item"] in idents]
+        if rows and (rows[0]["path"] if kind == "dir" else key) in keys:
+            out.extend(rows)
+    return out
 
 
 def store_folders(store) -> list:
@@ -364,13 +512,15 @@ def store_folders(store) -> list:
 
 
 def delete_planned(store, plan: PurgePlan, result: dict) -> tuple:
-    """Hold every download lock of what changes, check the plan still holds, delete exactly it;
-    the locks are released whatever happens. Returns (the labels of the steps deleted, the free
-    bytes measured right before the first deletion).
-    PurgeRefused (nothing deleted) for a busy lock or a changed store, PurgeError for a failed
-    deletion (``result`` returned with it, less ``changed``)."""
+    """Hold every download lock of what changes, check the plan still holds, delete exactly it and
+    check what each step left on disk; the locks are released whatever happens. Returns (the
+    steps deleted whole, left_row()s of the others, whether those others deleted anything at all,
+    the free bytes measured right before the first deletion).
+    PurgeRefused (nothing deleted) for a busy lock or a changed store, PurgeError for an
+    unexpected failure (``result`` returned with it, ``removed`` what was really removed)."""
     holders = []
-    done = []
+    done, left = [], []
+    partial = False
     try:
         for _kind, _key, group in plan.steps:
             item = group[0]
@@ -391,16 +541,22 @@ def delete_planned(store, plan: PurgePlan, result: dict) -> tuple:
         before = free_bytes(store_folders(store))
         try:
             for step in plan.deletions:
-                delete_step(store, step)
-                done.append(step.label)
+                entries = count_entries(step)
+                step_left = delete_step(store, step)
+                if step_left:
+                    left.append(left_row(step, step_left))
+                    partial = partial or count_entries(step) < entries
+                else:
+                    done.append(step)
         except OSError as exc:
             raise PurgeError("%s: deleting failed (%s); done before the failure: %s" % (
-                ACTION, exc, ", ".join(done) or "nothing"), changed=bool(done), **{
-                    k: v for k, v in result.items() if k != "changed"})
+                ACTION, exc, ", ".join(s.label for s in done) or "nothing"), **dict(
+                    {k: v for k, v in result.items() if k != "changed"}, changed=True,
+                    removed=rows_of(plan, done), left=left))
     finally:
         for holder in holders:
             holder.release()
-    return done, before
+    return done, left, partial, before
 
 
 def remove_orphans(store, orphans, busy_orphans: list, clean_stale_locks: bool) -> list:
@@ -469,12 +625,16 @@ def remove_stale_locks(store, stale, removed_orphans, clean_stale_locks: bool) -
 
 def apply_purge(store, plan: PurgePlan, result: dict, *, clean_stale_locks: bool = True) -> dict:
     """Delete the plan (delete_planned, then the orphans and stale locks); ``result`` (the plan's,
-    with its diff) updated with what was really removed and the bytes freed, from statvfs."""
-    done, before = delete_planned(store, plan, result)
+    with its diff) updated with what was really removed (``removed``: only items whose planned
+    paths are all gone; ``left``: what is still on disk, with its cause) and the bytes freed, from
+    statvfs. PurgeError, with that result, when anything planned is still on disk."""
+    done, left, partial, before = delete_planned(store, plan, result)
     removed_orphans = remove_orphans(store, plan.orphans, result["orphans_busy"], clean_stale_locks)
     result["orphans_removed"] = removed_orphans
     result["locks_removed"] = remove_stale_locks(store, plan.stale, removed_orphans, clean_stale_locks)
     after = free_bytes(store_folders(store))
-    result.update(freed_bytes=after - before,
-                  changed=bool(done or removed_orphans or result["locks_removed"]))
+    result.update(removed=rows_of(plan, done), left=left, freed_bytes=after - before,
+                  changed=bool(done or partial or removed_orphans or result["locks_removed"]))
+    if left:
+        raise PurgeError(leftover_message(len(result["removed"]), len(plan.removed), left), **result)
     return result
