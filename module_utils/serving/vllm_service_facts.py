@@ -73,6 +73,30 @@ def unit_facts(commands, unit: str, proc_root: str = "/proc") -> dict:
     }
 
 
+def model_label(path) -> str:
+    """``org/name@commit12`` for a snapshot path of the Hugging Face cache; the path otherwise."""
+    parts = str(path or "").rstrip("/").split("/")
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return "%s@%s" % (parts[-3][len("models--"):].replace("--", "/"), parts[-1][:12])
+    return str(path)
+
+
+def restart_reasons(unit) -> list:
+    """Why an active unit must restart although its files are the target's: an interrupted swap
+    wrote them and was killed before the restart (systemd has not loaded them, or the process
+    that runs was started from the old ones)."""
+    unit = unit if isinstance(unit, dict) else {}
+    if unit.get("active_state") != "active":
+        return []
+    reasons = []
+    if unit.get("need_daemon_reload"):
+        reasons.append("the unit file changed since systemd loaded it")
+    running, loaded = unit.get("running_model"), unit.get("model")
+    if running and loaded and running != loaded:
+        reasons.append("the running process serves %s, the unit says %s" % (model_label(running), model_label(loaded)))
+    return reasons
+
+
 def vllm_facts(commands, venv, binary) -> dict:
     """The vLLM executable (``binary``, else the virtualenv's ``bin/vllm``) and the installed
     ``vllm`` version, read by the virtualenv's python (None when it cannot be read)."""

@@ -13,6 +13,7 @@ import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import units
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import service_files
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_service_facts import restart_reasons
 
 RECORD_SCHEMA = 1
 
@@ -272,29 +273,6 @@ def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
     diffs = config_diffs(read, expected or {}, drift, settings.get("secret_path"), secret_ok)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
             "service": service_result, "diffs": diffs, "source": fleet.get("source")}
-
-
-def model_label(path) -> str:
-    """``org/name@commit12`` for a snapshot path of the Hugging Face cache; the path otherwise."""
-    parts = str(path or "").rstrip("/").split("/")
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return "%s@%s" % (parts[-3][len("models--"):].replace("--", "/"), parts[-1][:12])
-    return str(path)
-
-
-def restart_reasons(unit: dict) -> list:
-    """Why an active unit must restart although its files are the target's: an interrupted swap
-    wrote them and was killed before the restart (systemd has not loaded them, or the process
-    that runs was started from the old ones)."""
-    if unit.get("active_state") != "active":
-        return []
-    reasons = []
-    if unit.get("need_daemon_reload"):
-        reasons.append("the unit file changed since systemd loaded it")
-    running, loaded = unit.get("running_model"), unit.get("model")
-    if running and loaded and running != loaded:
-        reasons.append("the running process serves %s, the unit says %s" % (model_label(running), model_label(loaded)))
-    return reasons
 
 
 def repairs_of(target: str, service: dict, commit, settings: dict, pool: dict) -> tuple:

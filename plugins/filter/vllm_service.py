@@ -10,6 +10,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
 
 
 def _wrap(func):
@@ -87,6 +88,7 @@ class FilterModule:
         return {
             "vllm_serve_argv": _wrap(vllm_serve_argv),
             "vllm_service_problems": vllm_service_problems,
+            "vllm_service_restart_reasons": _wrap(vllm_service_facts.restart_reasons),
             "vllm_service_host_problems": vllm_service_host_problems,
             "vllm_parallel_size": _wrap(vllm_parallel_size),
             "systemd_exec": _wrap(systemd_exec),

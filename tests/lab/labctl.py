@@ -1050,8 +1050,8 @@ def reset(lab: Lab, state: dict | None = None) -> None:
     procs = {}
     for host in state.get("hosts", {}):
         prefix = shlex.quote(shared["in_host"]) if host in shared.get("hosts", []) else "''"
-        procs[host] = subprocess.Popen(ssh_argv(lab, host) + ["shared=%s\nsmall=%s\n%s" % (
-                                           prefix, shlex.quote(SMALL_STORE_IN_HOST), RESET_HOST)],
+        script = "shared=%s\nsmall=%s\n%s" % (prefix, shlex.quote(SMALL_STORE_IN_HOST), RESET_HOST)
+        procs[host] = subprocess.Popen(ssh_argv(lab, host) + [script],
                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     failed = []
     for host, proc in procs.items():
