@@ -74,3 +74,53 @@ def run_killed_at(playbook: str, inventory: str, extra_vars: dict, *, kill_at: s
         os.unlink(vars_file)
     return {"killed": killed is not None, "task": killed, "tasks": tasks, "rc": proc.returncode,
             "output": "".join(out)}
+
+
+DRAIN_MARK = "/var/lib/modelswap/lb-drained.json"
+
+
+def served_models(address: str, key: str, port: int = 8000) -> list[str] | None:
+    """What a host's vLLM lists at /v1/models (None when it does not answer)."""
+    import urllib.request
+    req = urllib.request.Request(f"http://{address}:{port}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(req, timeout=3) as resp:
+            return [m["id"] for m in json.load(resp)["data"]]
+    except OSError:
+        return None
+
+
+def convergence_problems(lab, host: str, key: str, target: str, before: str) -> list[str]:
+    """What keeps ``host`` from being converged on ``target`` (empty: converged): it serves the
+    target, it is UP in the pool, the record names the target and `previous` what served before,
+    the configuration a rollback restores is the target's, no drain mark is left, and both
+    models' files are intact in the store."""
+    problems = []
+    models = served_models(lab.address(host), key)
+    if models != [target]:
+        problems.append(f"serves {models}, not [{target!r}]")
+    status = lab.lb_servers().get(host)
+    if status != "UP":
+        problems.append(f"the pool has it {status}")
+    proc = lab.ssh(host, "cat /var/lib/modelswap/deployment.json", check=False)
+    try:
+        rec = json.loads(proc.stdout)
+    except ValueError:
+        rec = {}
+    if rec.get("model") != target:
+        problems.append(f"the record names {rec.get('model')}")
+    if (rec.get("previous") or {}).get("model") != before:
+        problems.append(f"the record's previous is {(rec.get('previous') or {}).get('model')}, not {before}")
+    active = lab.ssh(host, "cat /var/lib/modelswap/vllm/*/active/unit", check=False).stdout
+    if f"models--lab--{target}/" not in active:
+        problems.append("saved/active is not the target's unit")
+    if lab.ssh(host, f"test -e {DRAIN_MARK}", check=False).returncode == 0:
+        problems.append("the drain mark is still there")
+    for model in {target, before}:
+        # an LFS blob is named by its sha256: every one must hash to its name
+        check = lab.ssh(host, f"cd /var/lib/modelswap/hf/hub/models--lab--{model}/blobs && "
+                              "ls | grep -E '^[0-9a-f]{64}$' | sed 's/.*/&  &/' | grep . | sha256sum -c --quiet",
+                        check=False)
+        if check.returncode != 0:
+            problems.append(f"{model}'s files are not intact")
+    return problems
