@@ -38,7 +38,6 @@ from tests.lab.fixtures import Lab  # noqa: E402
 from tests.support.crash import DRAIN_MARK, convergence_problems, run_killed_at  # noqa: E402
 
 
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="gpu1")

@@ -13,6 +13,7 @@ gpu1 alone serves here (the floor is 0: the pool's other server is not part of t
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests.support.crash import convergence_problems, run_killed_at
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOST = "gpu1"
 LIMIT = f"{HOST},localhost"
+LEASE = "/var/lib/modelswap/lease.json"
 
 
 def served(lab, key: str) -> list[str] | None:
@@ -46,7 +48,7 @@ def record(lab) -> dict:
 def story(lab, tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     vllm_lab.reset_host(lab, HOST)
-    lab.ssh(HOST, f"rm -f {MARK}")
+    lab.ssh(HOST, f"rm -f {MARK} {LEASE}")
     state = {"key": lab.api_key, "results": results,
              "vars": {"modelswap_results_dir": str(results), "benchmark_results_dir": str(results / "benchmark"),
                       "modelswap_benchmark": False, "modelswap_min_serving": 0}}
@@ -55,7 +57,7 @@ def story(lab, tmp_path_factory):
     assert lab.lb_servers()[HOST] == "UP"
     yield state
     vllm_lab.reset_host(lab, HOST)
-    lab.ssh(HOST, f"rm -f {MARK}", check=False)
+    lab.ssh(HOST, f"rm -f {MARK} {LEASE}", check=False)
     lab.lb_command(f"enable server vllm/{HOST}")
 
 
@@ -66,8 +68,10 @@ def kill_then_rerun(lab, story, target: str, kill_at: str, before: str) -> dict:
                             kill_at=kill_at, limit=LIMIT)
     assert crashed["killed"], crashed["output"][-3000:]
     assert lab.lb_servers()[HOST].startswith("MAINT"), lab.lb_servers()       # left out of the pool
-    rerun = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
-                                limit=LIMIT)
+    # the dead run still holds the host's lease: the operator takes it over by name
+    dead = json.loads(lab.ssh(HOST, f"cat {LEASE}").stdout)["run_id"]
+    rerun = runner.run_playbook("migrate.yml", str(lab.inventory),
+                                dict(story["vars"], modelswap_serve=target, modelswap_break_lease=dead), limit=LIMIT)
     assert rerun.ok, rerun.failures()
     converged(lab, story, target, before)
     again = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
@@ -87,6 +91,9 @@ def converged(lab, story, target: str, before: str) -> None:
 def test_1_killed_between_the_stop_and_the_start(lab, story):
     out = kill_then_rerun(lab, story, "tiny-b", "Wait for GPU memory to be released", before="tiny-a")
     assert out["rerun"].custom_stats["modelswap_record"][HOST]["outcome"] == "migrated"
+    # the dead run's lease was taken over by name, and said so
+    leases = out["rerun"].task_results("Host lease: held", HOST)
+    assert leases[0]["taken_over"] and "as asked (modelswap_break_lease)" in leases[0]["reason"], leases[0]
 
 
 def test_2_killed_during_the_gates_the_rerun_repairs_the_record_and_rejoins(lab, story):
@@ -114,3 +121,32 @@ def test_4_a_limited_run_without_localhost_gets_its_own_results_folder(lab, stor
         assert Path(out["run_dir"]).parent == Path(story["results"]) / "runs"
     assert runs[0]["run_dir"] != runs[1]["run_dir"]
     assert not (Path(story["results"]) / "runs" / "adhoc").exists()
+
+
+def test_5_a_second_run_beside_the_first_refuses_naming_it_and_changes_nothing(lab, story):
+    """A run to tiny-a, and while it holds gpu1 a run to tiny-b: the second refuses before it reads
+    or changes anything, naming the first; the first completes."""
+    import threading
+    first: dict = {}
+    worker = threading.Thread(target=lambda: first.update(run_killed_at(
+        "migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve="tiny-a"), kill_at=None, limit=LIMIT)))
+    worker.start()
+    holder = None
+    for _ in range(600):
+        text = lab.ssh(HOST, f"cat {LEASE} 2>/dev/null", check=False).stdout
+        if text.strip():
+            holder = json.loads(text)
+            break
+        time.sleep(0.1)
+    assert holder, "the first run never took the lease"
+    second = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve="tiny-b"),
+                                 limit=LIMIT)
+    worker.join(900)
+    assert not second.ok
+    failure = second.custom_stats["modelswap_record"][HOST]["failure"]
+    assert f"is held by run {holder['run_id']}" in failure["msg"], failure
+    assert f"-e modelswap_break_lease={holder['run_id']}" in failure["msg"]
+    assert second.changed(HOST) == 0
+    assert first["rc"] == 0, first["output"][-3000:]
+    assert convergence_problems(lab, HOST, story["key"], "tiny-a", "tiny-b") == []
+    assert lab.ssh(HOST, f"test -e {LEASE}", check=False).returncode != 0       # given back

@@ -66,6 +66,8 @@ RESET = (
     "systemctl stop vllm-lab.service 2>/dev/null; " + STOP +
     "rm -f /etc/systemd/system/vllm.service /etc/modelswap/vllm.env /etc/modelswap/vllm.secret.env; "
     "rm -rf /var/lib/modelswap/vllm; "
+    # an interrupted run's lease and drain mark
+    "rm -f /var/lib/modelswap/lease.json /var/lib/modelswap/lease.json.lock /var/lib/modelswap/lb-drained.json; "
     # keep what hf_snapshot noted (fetched), drop the deployment
     "python3 -c 'import json,sys; p=sys.argv[1]\n"
     "try: d=json.load(open(p))\n"

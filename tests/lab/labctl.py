@@ -1005,6 +1005,8 @@ if id -u vllm >/dev/null 2>&1; then
   find /dev/shm -maxdepth 1 -user vllm -print -delete 2>/dev/null | sed 's/^/removed /'
 fi
 rm -rf /etc/modelswap /var/lib/modelswap/vllm
+# an interrupted run's lease and drain mark
+rm -f /var/lib/modelswap/lease.json /var/lib/modelswap/lease.json.lock /var/lib/modelswap/lb-drained.json
 if mountpoint -q "$small"; then umount "$small" && echo "removed the small store $small"; fi
 record=/var/lib/modelswap/deployment.json
 if [ -f "$record" ]; then
