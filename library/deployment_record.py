@@ -19,6 +19,14 @@ description:
     current deployment again changes nothing (not even C(when)).
   - Keys that other writers own, such as C(fetched) (model_fetch), are kept. Every write holds
     the record's lock (C(<path>.lock), shared with model_fetch) and replaces the file atomically.
+  - With O(saved_dir), the writes are ordered so that a failure at any point (a full disk, an I/O
+    error, a host crash) leaves the old state or the new one - the new saved copies are staged in
+    C(<saved_dir>/.staged) (its C(for.json), naming the deployment, written last), then the record
+    is replaced (the commit), then the staged copies replace C(active) and C(previous) and
+    C(.staged) is removed. The next O(state=present) run finds a C(.staged) left behind and
+    publishes it when the record names its deployment, or discards it (the record write never
+    happened; C(active) and C(previous) were not touched), before it does its own work (see
+    RV(recovered)). Recording the same deployment with the same files again stages nothing.
   - O(state=read) only reads it.
 extends_documentation_fragment:
   - modelswap.vllm.attributes
@@ -89,7 +97,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Predicts C(changed) and the diff; writes nothing.
+      - Predicts C(changed), the diff and RV(recovered); writes nothing (not even the recovery).
   diff_mode:
     support: full
     details:
@@ -153,6 +161,16 @@ saved:
   returned: when O(saved_dir) is given
   type: dict
   sample: {"rotated": ["unit", "env", "secret"], "saved": ["unit", "env", "secret"]}
+recovered:
+  description:
+    - What this run did with a C(<saved_dir>/.staged) that an earlier, interrupted run left -
+      C(published) (the record already named its deployment; its copies now are C(active) and
+      C(previous)), C(discarded) (the record write never happened, or the run died while staging),
+      or null (there was none). In check mode, what it would do. Either counts as a change.
+    - C(saved) lists only this run's own copies, after the recovery.
+  returned: when O(saved_dir) is given
+  type: str
+  sample: published
 """
 
 import os
@@ -168,6 +186,21 @@ def with_checksums(deployment, unit_file, env_file):
         if path and not out.get(key):
             out[key] = deployment_record.sha256_file(path)
     return out
+
+
+RECOVERED = {"publish": "published", "discard": "discarded"}
+
+
+def where_it_stopped(phase, saved_dir):
+    """What a write that failed in ``phase`` left on the host, for the failure message."""
+    if not saved_dir:
+        return ""
+    if phase in ("publish", "recover-publish"):
+        return ("; the record is written and the saved configuration that goes with it waits in %s: "
+                "the next run publishes it" % deployment_record.staged_dir(saved_dir))
+    if phase in ("stage", "commit", "discard"):
+        return "; the record and the saved configurations are as before: the next run starts over"
+    return ""
 
 
 def main():
@@ -199,23 +232,31 @@ def main():
     for f in p["saved_files"]:
         modes[f["name"]] = int(f["mode"], 8)
 
-    def answer(record, changed, diff=None, saved=None):
+    def answer(record, changed, diff=None, saved=None, recovered=None):
         result = {"changed": changed, "record": record, "deployment": deployment_record.current(record),
                   "previous": deployment_record.previous(record), "path": path}
         if saved is not None:
             result["saved"] = saved
+            result["recovered"] = recovered
         if diff is not None and module._diff:
             result["diff"] = diff
         module.exit_json(**result)
 
-    def saved_plan(replaced):
+    def saved_plan(replaced, manifest=None):
+        """plan_saved's actions; ``manifest``: a .staged that this run publishes first (check mode
+        plans as if it had: its copies stand for active/ and previous/)."""
         if not p["saved_dir"]:
             return []
+        overlay = {}
+        for entry in (manifest or {}).get("files", []):
+            overlay[(entry["to"], entry["name"])] = os.path.join(
+                deployment_record.staged_dir(p["saved_dir"]), entry["to"], entry["name"])
         sums = {}
         for f in p["saved_files"]:
             sums[("live", f["name"])] = deployment_record.sha256_file(f["path"])
             for kind in ("active", "previous"):
-                sums[(kind, f["name"])] = deployment_record.sha256_file(os.path.join(p["saved_dir"], kind, f["name"]))
+                sums[(kind, f["name"])] = deployment_record.sha256_file(
+                    overlay.get((kind, f["name"])) or os.path.join(p["saved_dir"], kind, f["name"]))
         return deployment_record.plan_saved(p["saved_files"], sums, replaced)
 
     def summary(actions):
@@ -224,6 +265,15 @@ def main():
         return {"rotated": [n for a, n in actions if a == "rotate"],
                 "saved": [n for a, n in actions if a == "save"]}
 
+    def found_staged(record):
+        """(what recovery applies to a .staged, its manifest)."""
+        if not p["saved_dir"]:
+            return None, None
+        staged, manifest = deployment_record.read_staged(p["saved_dir"])
+        return deployment_record.recovery(staged, manifest, record), manifest
+
+    recovered = None
+    phase = None        # what a failed write was doing (the message says where that leaves the host)
     try:
         if p["state"] == "read":
             answer(deployment_record.read(path), False)
@@ -233,35 +283,59 @@ def main():
         before = deployment_record.read(path)
         after, changed = deployment_record.record_deployment(before, deployment, when)
         if module.check_mode:
-            actions = saved_plan(changed and deployment_record.current(before) is not None)
-            answer(after, changed or bool(actions),
+            recovery, manifest = found_staged(before)
+            recovered = RECOVERED.get(recovery)
+            actions = saved_plan(changed and deployment_record.deployment_replaced(before, deployment),
+                                 manifest if recovery == "publish" else None)
+            answer(after, changed or bool(actions) or bool(recovered),
                    {"before": deployment_record.dumps(before) if before else "", "after": deployment_record.dumps(after),
-                    "before_header": path, "after_header": path}, summary(actions))
+                    "before_header": path, "after_header": path}, summary(actions), recovered)
         with deployment_record.locked(path):
             before = deployment_record.read(path)
+            # a run that died after staging: publish what the record names, or drop what it never got
+            recovery, manifest = found_staged(before)
+            phase = "recover-publish" if recovery == "publish" else recovery
+            if recovery == "publish":
+                deployment_record.publish(p["saved_dir"], manifest)
+            elif recovery == "discard":
+                deployment_record.discard(p["saved_dir"])
+            recovered = RECOVERED.get(recovery)
             after, changed = deployment_record.record_deployment(before, deployment, when)
-            actions = saved_plan(changed and deployment_record.current(before) is not None)
-            by_name = {f["name"]: f for f in p["saved_files"]}
-            for action, name in actions:
-                if action == "rotate":
-                    deployment_record.copy_file(os.path.join(p["saved_dir"], "active", name),
-                                                os.path.join(p["saved_dir"], "previous", name), modes[name])
-                else:
-                    deployment_record.copy_file(by_name[name]["path"], os.path.join(p["saved_dir"], "active", name),
-                                                modes[name])
+            actions = saved_plan(changed and deployment_record.deployment_replaced(before, deployment))
+            manifest, sources = deployment_record.staging_plan(
+                p["saved_dir"], p["saved_files"], actions, deployment, modes)
+            # stage -> record (the commit) -> publish: a failure anywhere leaves the old state or
+            # the new one, and the next run completes it
+            if manifest:
+                phase = "stage"
+                try:
+                    deployment_record.stage(p["saved_dir"], manifest, sources)
+                except OSError:
+                    deployment_record.drop_uncommitted(p["saved_dir"], path)
+                    raise
             if changed:
-                deployment_record.write(path, after, mode)
+                phase = "commit"
+                try:
+                    deployment_record.write(path, after, mode)
+                except OSError:
+                    if manifest:
+                        deployment_record.drop_uncommitted(p["saved_dir"], path)
+                    raise
+            if manifest:
+                phase = "publish"
+                deployment_record.publish(p["saved_dir"], manifest)
     except deployment_record.RecordError as exc:
         module.fail_json(msg="deployment_record: %s %s failed: %s (nothing was written)" % (
             "reading the deployment record" if p["state"] == "read" else "recording the deployment in",
             path, exc))
     except OSError as exc:
         module.fail_json(msg="deployment_record: writing %s failed: %s; check that its folder "
-                             "exists and is writable (run with become)"
-                             % (getattr(exc, "filename", None) or path, exc.strerror or exc))
-    answer(after, changed or bool(actions),
+                             "exists and is writable (run with become)%s"
+                             % (getattr(exc, "filename", None) or path, exc.strerror or exc,
+                                where_it_stopped(phase, p["saved_dir"])))
+    answer(after, changed or bool(actions) or bool(recovered),
            {"before": deployment_record.dumps(before) if before else "", "after": deployment_record.dumps(after),
-            "before_header": path, "after_header": path}, summary(actions))
+            "before_header": path, "after_header": path}, summary(actions), recovered)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ top level is the current deployment; ``previous`` is the one before it (without 
 
 Writers take an exclusive ``flock`` on ``<record>.lock`` (as model_fetch does) and replace the
 file atomically. No secret is ever written here (``args`` never holds the API key).
+
+The saved configurations (``<saved_dir>/active`` and ``/previous``) change with the record in
+three steps, so that a failure at any point leaves the old state or the new one and the next run
+completes it: stage the new copies in ``<saved_dir>/.staged`` (its ``for.json`` written last),
+write the record (the commit point), publish the staged copies over active/previous. A run that
+finds a ``.staged`` publishes it when the record names the deployment it was staged for, and
+discards it otherwise (see ``recovery``).
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_copy, atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
@@ -269,3 +277,166 @@ def copy_file(src: str, dest: str, mode: int) -> None:
     """Copy ``src`` over ``dest`` atomically with ``mode``; dest's folder is created 0700 (it holds
     the saved unit and environment files)."""
     atomic_copy(src, dest, mode, makedirs=True, dir_mode=0o700)
+
+
+def deployment_replaced(record, deployment) -> bool:
+    """A recorded deployment exists and ``deployment`` differs from it: its saved files rotate to
+    previous. Recording the same deployment again (a schema upgrade included) rotates nothing."""
+    old = current(record)
+    return old is not None and not same(old, normalize(deployment))
+
+
+# --------------------------------------------------------------------------------------------
+# staged saved configurations: <saved_dir>/.staged/{active,previous}/<name> and for.json
+# --------------------------------------------------------------------------------------------
+STAGED = ".staged"
+STAGED_FOR = "for.json"
+_DESTS = {"rotate": "previous", "save": "active"}
+
+
+def staged_dir(saved_dir: str) -> str:
+    return os.path.join(saved_dir, STAGED)
+
+
+def staging_plan(saved_dir: str, files, actions, deployment, modes: dict):
+    """(manifest, sources) for ``actions`` (plan_saved's): what ``.staged/for.json`` says and
+    where each staged copy comes from.
+
+    manifest: {"schema", "deployment": the normalized deployment the copies are for, "files":
+    [{"name", "to": "previous"|"active", "mode"}]} (rotations first); sources: {(to, name): the
+    file to copy into ``.staged/<to>/<name>``}: a rotation stages the current saved/active copy,
+    a save the live file. Nothing is staged for no actions (manifest None)."""
+    if not actions:
+        return None, {}
+    live = {f["name"]: f["path"] for f in files}
+    entries, sources = [], {}
+    for action, name in actions:
+        to = _DESTS[action]
+        entries.append({"name": name, "to": to, "mode": modes[name]})
+        sources[(to, name)] = (os.path.join(saved_dir, "active", name) if action == "rotate"
+                               else live[name])
+    return {"schema": SCHEMA, "deployment": normalize(deployment), "files": entries}, sources
+
+
+def recovery(staged: bool, manifest, record):
+    """What to do with a ``.staged`` found at the start of a run (under the record's lock):
+
+    - None: there is none;
+    - "discard": it has no ``for.json`` (a run died while staging), or the record does not name
+      the deployment it was staged for (the record write, the commit, never happened: active and
+      previous were never touched);
+    - "publish": the record names that deployment (the commit happened, the copies over
+      active/previous may not have): copy them over, then remove it.
+    """
+    if not staged:
+        return None
+    if manifest is None:
+        return "discard"
+    return "publish" if same(current(record), manifest.get("deployment")) else "discard"
+
+
+def parse_staged(text: str, path: str) -> dict:
+    """``.staged/for.json`` as a manifest; RecordError (naming it) when unusable."""
+    how = ("; remove %s to discard it (the record and the saved configurations are then as the "
+           "record says) " % os.path.dirname(path))
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RecordError("the staged configuration %s is not valid JSON (%s)%s" % (path, exc, how))
+    ok = isinstance(data, dict) and isinstance(data.get("deployment"), dict) and isinstance(data.get("files"), list)
+    for entry in (data.get("files") if ok else None) or []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if (not isinstance(name, str) or "/" in name or name in ("", ".", "..") or _CONTROL_RE.search(name)
+                or entry.get("to") not in ("active", "previous") or not isinstance(entry.get("mode"), int)):
+            ok = False
+    if not ok:
+        raise RecordError("the staged configuration %s is not what this module writes%s" % (path, how))
+    return data
+
+
+def read_staged(saved_dir: str):
+    """(a .staged exists, its manifest or None when it has no for.json)."""
+    root = staged_dir(saved_dir)
+    if not os.path.lexists(root):
+        return False, None
+    path = os.path.join(root, STAGED_FOR)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return True, None
+    except OSError as exc:
+        raise RecordError("cannot read the staged configuration %s: %s" % (path, exc.strerror or exc))
+    return True, parse_staged(text, path)
+
+
+def fsync_dir(path: str) -> None:
+    """Make the names in folder ``path`` durable (a rename or unlink in it survives a crash)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def stage(saved_dir: str, manifest: dict, sources: dict) -> None:
+    """Build ``.staged`` (any leftover removed first): the copies, fsync'd, then ``for.json``
+    last. Nothing under active/ or previous/ is touched."""
+    root = staged_dir(saved_dir)
+    discard(saved_dir)
+    os.makedirs(saved_dir, mode=0o700, exist_ok=True)
+    os.mkdir(root, 0o700)
+    for entry in manifest["files"]:
+        copy_file(sources[(entry["to"], entry["name"])], os.path.join(root, entry["to"], entry["name"]),
+                  entry["mode"])
+    for to in ("active", "previous"):
+        fsync_dir(os.path.join(root, to))
+    atomic_write_text(os.path.join(root, STAGED_FOR), json.dumps(manifest, sort_keys=True) + "\n", 0o600)
+    fsync_dir(root)
+    fsync_dir(saved_dir)
+
+
+def publish(saved_dir: str, manifest: dict) -> None:
+    """Copy the staged files over active/ and previous/ (each atomically; running it again after
+    a crash gives the same result), make them durable, then remove ``.staged``."""
+    root = staged_dir(saved_dir)
+    for entry in manifest["files"]:
+        copy_file(os.path.join(root, entry["to"], entry["name"]),
+                  os.path.join(saved_dir, entry["to"], entry["name"]), entry["mode"])
+    for to in ("active", "previous"):
+        fsync_dir(os.path.join(saved_dir, to))
+    discard(saved_dir)
+
+
+def discard(saved_dir: str) -> None:
+    """Remove ``.staged``: ``for.json`` first (durably), so that a crash in between leaves a
+    ``.staged`` without one, which the next run discards."""
+    root = staged_dir(saved_dir)
+    if not os.path.lexists(root):
+        return
+    if os.path.islink(root) or not os.path.isdir(root):
+        os.unlink(root)
+    else:
+        try:
+            os.unlink(os.path.join(root, STAGED_FOR))
+        except FileNotFoundError:
+            pass
+        else:
+            fsync_dir(root)
+        shutil.rmtree(root)
+    fsync_dir(saved_dir)
+
+
+def drop_uncommitted(saved_dir: str, record_path: str) -> None:
+    """After a failed stage or record write: remove the ``.staged`` unless the record names its
+    deployment (then the commit happened after all, and the next run publishes it), so the host
+    is left exactly as before. Best effort: whatever stays, the next run's recovery settles."""
+    try:
+        staged, manifest = read_staged(saved_dir)
+        if recovery(staged, manifest, read(record_path)) == "discard":
+            discard(saved_dir)
+    except (OSError, RecordError):
+        pass
