@@ -282,14 +282,19 @@ def repairs_of(target: str, service: dict, commit, settings: dict, pool: dict) -
     one a later rollback restores); a host this run's drain left out of the pool goes back."""
     lines, record, rejoin = [], False, False
     deployment = service.get("deployment") or {}
+    files = service.get("files") or {}
     if _get(service, "unit", "active_state") == "active" and (
             deployment.get("model") != target or (commit and deployment.get("commit") != commit)):
         record = True
         lines.append("repair the record: it names %s, %s serves" % (
             "%s@%s" % (deployment.get("model"), str(deployment.get("commit") or "")[:12])
             if deployment.get("model") else "no deployment", target))
+    elif settings.get("staged_record") and files.get(settings["staged_record"]):
+        record = True
+        lines.append("finish the record's interrupted write (its saved configurations wait in %s)"
+                     % os.path.dirname(settings["staged_record"]))
     mark = settings.get("drain_mark")
-    if mark and (service.get("files") or {}).get(mark):
+    if mark and files.get(mark):
         rejoin = True
         status = pool.get("status")
         lines.append("rejoin the pool: %s is %s there since an interrupted run drained it" % (

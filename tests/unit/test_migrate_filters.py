@@ -242,6 +242,7 @@ def test_which_steps_run(read, expected, settings, todo):
 # while systemd or the running process still have the old ones; the target serving while the
 # record names the old deployment; the host out of the pool with this run's drain mark on it.
 MARK = "/var/lib/modelswap/lb-drained.json"
+STAGED = "/var/lib/modelswap/vllm/vllm/.staged/for.json"
 OLD = "/hub/models--org--minimax/snapshots/" + "a" * 40
 NEW = "/hub/models--org--kimi/snapshots/" + "c" * 40
 SERVES_TARGET = {"unit": {"active_state": "active", "model": NEW, "running_model": NEW},
@@ -268,12 +269,15 @@ SAME_FILES = {UNIT: UNIT_TEXT, ENV: ENV_TEXT}
     (dict(SERVES_TARGET, files={MARK: True}), {"status": "UP"}, {"rejoin": True}, "forget the drain mark"),
     # an operator's maintenance (no mark of a run) is left alone
     (SERVES_TARGET, {"status": "MAINT"}, {"rejoin": False}, "already serves with this configuration"),
+    # killed inside the record's write, after its commit: the staged configurations are published
+    (dict(SERVES_TARGET, files={MARK: False, STAGED: True}), None, {"swap": False, "record": True},
+     "finish the record's interrupted write"),
 ], ids=["converged", "reload-pending", "stale-process", "record-old-model", "record-old-commit", "drained",
-        "mark-only", "operator-maint"])
+        "mark-only", "operator-maint", "record-staged"])
 def test_an_interrupted_run_is_repaired_by_the_plan(service, pool, todo, words):
     out = planned({"service": service, "fetch": {"commit": "c" * 40, "verified": True,
                                                  "would_fetch": {"files": [], "bytes": 0}}},
-                  SAME_FILES, drain_mark=MARK, fleet={"pool": dict(pool, line="pool") if pool else {}})
+                  SAME_FILES, drain_mark=MARK, staged_record=STAGED, fleet={"pool": dict(pool, line="pool") if pool else {}})
     assert {k: out["todo"][k] for k in todo} == todo
     swap = {s["step"]: s for s in out["plan"]["steps"]}["swap"]
     assert words in swap["text"], swap["text"]
