@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,20 +27,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOST = "gpu1"
 LIMIT = f"{HOST},localhost"
 LEASE = "/var/lib/modelswap/lease.json"
-
-
-def served(lab, key: str) -> list[str] | None:
-    req = urllib.request.Request(f"http://{lab.address(HOST)}:8000/v1/models",
-                                 headers={"Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=3) as resp:
-            return [m["id"] for m in json.load(resp)["data"]]
-    except OSError:
-        return None
-
-
-def record(lab) -> dict:
-    return json.loads(lab.ssh(HOST, "cat /var/lib/modelswap/deployment.json").stdout)
 
 
 @pytest.fixture(scope="module")

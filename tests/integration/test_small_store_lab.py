@@ -18,15 +18,14 @@ One module-scoped story, in order (each real vLLM start costs about a minute):
 """
 from __future__ import annotations
 
-import json
 import subprocess
-import urllib.request
 
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 from tests.integration import vllm_lab
 from tests.lab import labctl
+from tests.support.crash import served_models
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOST = "gpu2"
@@ -38,13 +37,7 @@ REPO = {"tiny-a": "models--lab--tiny-a", "tiny-b": "models--lab--tiny-b",
 
 
 def served(lab, key: str) -> list[str] | None:
-    req = urllib.request.Request(f"http://{lab.address(HOST)}:8000/v1/models",
-                                 headers={"Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=3) as resp:
-            return [m["id"] for m in json.load(resp)["data"]]
-    except OSError:
-        return None
+    return served_models(lab.address(HOST), key)
 
 
 def main_pid(lab) -> str:
