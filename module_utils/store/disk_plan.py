@@ -233,6 +233,12 @@ def item_for_path(store, path: str) -> Item:
         path, ", ".join(p for p in (store.cache_dir, store.models_dir) if p)))
 
 
+def _remains(folder: str, repo) -> Item:
+    """A repo folder with no revision left (the blobs an interrupted or refused delete left behind,
+    its snapshot gone): nothing of it can serve, so naming any revision of it purges the folder."""
+    return Item("repo", folder=folder, path=repo.path)
+
+
 def resolve_item(store, text: str, models=None) -> Item:
     """An operator's string -> an Item. Accepts a catalog name, ``[type:]org/name[@commit|@ref]``,
     a plain model directory name, or an absolute path. Raises NotInStore or PlanError."""
@@ -246,6 +252,8 @@ def resolve_item(store, text: str, models=None) -> Item:
         folder = repo_folder_name(entry["repo_id"])
         repo = store.repos.get(folder)
         commit = repo.commit_for(entry["revision"]) if repo else None
+        if not commit and repo is not None and not repo.revisions:
+            return _remains(folder, repo)
         if not commit:
             raise NotInStore("catalog model %r (%s@%s) is not in the cache" % (
                 text, entry["repo_id"], entry["revision"]))
@@ -271,6 +279,8 @@ def resolve_item(store, text: str, models=None) -> Item:
     if not revision:
         return Item("repo", folder=folder, path=repo.path)
     commit = repo.commit_for(revision)
+    if not commit and not repo.revisions:
+        return _remains(folder, repo)
     if not commit:
         if not COMMIT_RE.match(revision) and not re.match(r"^[\w.\-/]+\Z", revision):
             raise PlanError("item %r: revision %r is neither a commit hash nor a ref name" % (text, revision))

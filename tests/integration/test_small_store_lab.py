@@ -200,3 +200,31 @@ def test_4_a_disk_that_fills_in_the_middle_of_the_download_fails_it_and_the_reru
     assert rerun["ok"], rerun["run"]["failures"]
     assert rerun["records"][HOST]["outcome"] == "migrated" and served(lab, small["key"]) == ["tiny-a"]
     assert rerun["records"][HOST]["fetch"]["verified"]
+
+
+def test_5_a_purge_that_cannot_delete_fails_naming_what_is_left(lab, small):
+    """A file of tiny-b is immutable (as on a store an operator protected with chattr, or an NFS
+    export that squashes root): huggingface_hub's delete strategy logs the PermissionError and
+    returns; the purge reads the store again and fails, naming the model and the cause, instead of
+    reporting it removed. Once the file may go, the same purge completes."""
+    blob = lab.ssh(HOST, f"readlink -f {STORE}/{REPO['tiny-b']}/snapshots/*/model.safetensors").stdout.strip()
+    assert blob.startswith(f"{STORE}/{REPO['tiny-b']}/blobs/"), blob
+    purge = dict(small["base"], modelswap_serve="tiny-a", model_purge_items=["tiny-b"], model_purge_all_listed=True)
+    lab.ssh(HOST, f"chattr +i {blob}")
+    try:
+        refused = lab.playbook("playbooks/purge.yml", purge, limit=HOST)
+        assert refused.rc != 0, refused.stdout[-3000:]
+        failed = [ev["event_data"]["res"] for ev in refused.events if ev.get("event") == "runner_on_failed"]
+        assert failed, refused.stdout[-3000:]
+        res = failed[-1]
+        assert "deleted 0 of 1" in res["msg"] and "lab/tiny-b" in res["msg"], res["msg"]
+        assert "Operation not permitted" in res["msg"] and blob in res["msg"], res["msg"]
+        assert [row["item"] for row in res["left"]] == ["lab/tiny-b"] and blob in res["left"][0]["paths"]
+        assert not res.get("removed"), res.get("removed")
+        assert lab.ssh(HOST, f"test -e {blob} && echo there").stdout.strip() == "there"
+        assert served(lab, small["key"]) == ["tiny-a"]
+    finally:
+        lab.ssh(HOST, f"chattr -i {blob}", check=False)
+    again = lab.playbook("playbooks/purge.yml", purge, limit=HOST)
+    assert again.rc == 0, again.stdout[-3000:]
+    assert "tiny-b" not in repos(lab) and served(lab, small["key"]) == ["tiny-a"]

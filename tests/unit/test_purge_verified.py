@@ -328,3 +328,26 @@ def test_a_second_removal_that_succeeds_is_no_leftover(store, monkeypatch):
     result = model_purge.apply_purge(s, plan, plan.result())
     assert result["left"] == [] and [r["item"] for r in result["removed"]] == ["org/two"]
     assert not (cache / TWO).exists()
+
+
+def test_what_a_refused_delete_left_of_a_repo_is_purged_by_its_name_on_the_rerun(tmp_path):
+    """A purge of the only revision of org/two (by catalog name) was refused mid-way: its
+    snapshot is gone, a blob is left. The rerun, named the same way (catalog name or repo@commit),
+    takes the folder's remains whole (nothing of it can serve) instead of failing as 'not in the
+    cache' while the bytes stay on disk."""
+    cache, models = tmp_path / "hub", tmp_path / "models"
+    synthetic_cache.add_two_repos(cache)
+    models.mkdir()
+    catalog = {"two": {"repo_id": "org/two", "revision": synthetic_cache.C}}
+    shutil.rmtree(cache / TWO / "snapshots")
+    shutil.rmtree(cache / TWO / "refs")
+    assert any((cache / TWO / "blobs").iterdir())
+    store = model_store.scan_store(str(cache), str(models))
+    for text in ("two", "org/two@" + synthetic_cache.C):
+        item = disk_plan.resolve_item(store, text, catalog)
+        assert (item.kind, item.path) == ("repo", str(cache / TWO)), item
+    res = run_module("model_purge", {"cache_dir": str(cache), "models_dir": str(models), "items": ["two"],
+                                     "models": catalog, "vllm_unit": "",
+                                     "deployment_record": str(tmp_path / "none.json")})
+    assert not res.get("failed"), res
+    assert res["left"] == [] and not (cache / TWO).exists() and (cache / ONE).is_dir()
