@@ -335,19 +335,72 @@ def _pools(hosts, lb: dict | None) -> dict:
     return out
 
 
-def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None) -> dict:
+def _read_of(hostvars, name):
+    values = hostvars[name] if name in hostvars else {}
+    read = values.get("__migrate_read") if hasattr(values, "get") else None
+    return values, (read if isinstance(read, dict) and not read.get("failed") else None)
+
+
+def store_others(inventory_hosts, hostvars, play_hosts) -> list:
+    """The inventory's hosts that mount a shared store (modelswap_store) of a host of the play
+    but are not in the play (left out by --limit or a host pattern): what they serve is read
+    apart (prepare.yml), since no purge of the store may take it."""
+    play = set(play_hosts or [])
+    stores = {store for store in (_store_of(hostvars, name) for name in play) if store}
+    return [name for name in inventory_hosts or [] if name not in play and _store_of(hostvars, name) in stores]
+
+
+def _store_of(hostvars, name) -> str:
+    values = hostvars[name] if name in hostvars else {}
+    return (values.get("modelswap_store") if hasattr(values, "get") else "") or ""
+
+
+def _catalog_commit(entry: dict):
+    """The catalog's revision when it is a commit (40 hex digits), else None (any commit)."""
+    rev = str((entry or {}).get("revision") or "")
+    return rev if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev) else None
+
+
+def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None,
+               others=None) -> dict:
     """The fleet-wide part of the plan, from every host's read (migrate_facts): with peers, where
     each host's bytes come from (the planner model_fetch's download follows: fleet/peer_plan.py);
     on a shared store (modelswap_store), the purge items another host of the store serves or
     targets, which no host of the store may delete, and the one host that purges it (its first);
     {"hosts": {name: {"source", "store_problem", "purge_by"}},
-    "sources": the peer plan, "stores": {store: [protected repo@commit]}}."""
+    "sources": the peer plan, "stores": {store: [protected repo@commit]}}.
+
+    others: deployment_record reads (a loop's results: item, deployment, failed, unreachable,
+    msg) of the store's hosts outside the play (store_others): what a readable one serves or
+    targets is protected like a host of the play's; an unreadable one stops every purge of its
+    store, since what it serves is then unknown."""
     from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_plan as planner
-    reads, stores = {}, {}
-    for name in hosts or []:
+    reads, stores, unknown = {}, {}, {}
+    for result in others or []:
+        name = result.get("item") if isinstance(result, dict) else None
         values = hostvars[name] if name in hostvars else {}
-        read = values.get("__migrate_read") if hasattr(values, "get") else None
-        if not isinstance(read, dict) or read.get("failed"):
+        store = values.get("modelswap_store") if hasattr(values, "get") else None
+        if not name or not store:
+            continue
+        if result.get("unreachable") or result.get("failed") or not isinstance(result.get("deployment"), (dict, type(None))):
+            why = "unreachable" if result.get("unreachable") else "its record could not be read"
+            unknown.setdefault(store, []).append("%s (%s: %s)" % (name, why, str(result.get("msg") or "?").strip()[:200]))
+            continue
+        keep = stores.setdefault(store, {})
+        deployment = result.get("deployment") or {}
+        if deployment.get("repo_id"):
+            keep[(deployment["repo_id"], deployment.get("commit"))] = (name, "serves", deployment.get("model"))
+        models = values.get("modelswap_models") or {}
+        entry = models.get(values.get("modelswap_serve")) or {}
+        if entry.get("repo_id"):
+            keep.setdefault((entry["repo_id"], _catalog_commit(entry)), (name, "targets", values.get("modelswap_serve")))
+    for name in hosts or []:
+        values, read = _read_of(hostvars, name)
+        if read is None:
+            # a host of the play that could not be read (unreachable, its lease or read failed)
+            store = _store_of(hostvars, name)
+            if store:
+                unknown.setdefault(store, []).append("%s (its read in this run did not succeed)" % name)
             continue
         reads[name] = (values, read)
         store = values.get("modelswap_store") or ""
@@ -371,6 +424,13 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: 
                 out["hosts"][name]["purge_by"] = leader
     for name, (values, read) in reads.items():
         store = values.get("modelswap_store") or ""
+        if store in unknown and _get(read, "purge", "items"):
+            out["hosts"][name]["store_problem"] = (
+                "model_purge: the shared store %s is also mounted by %s, which this run could not read: what it "
+                "serves is unknown, so nothing is purged from the store. Reach it and run again, or take "
+                "modelswap_store off a host that no longer mounts it; nothing was deleted"
+                % (store, ", ".join(unknown[store])))
+            continue
         for item in (_get(read, "purge", "items") or []) if store else []:
             repo, commit = _item_repo(item)
             for (p_repo, p_commit), (other, how, model) in stores.get(store, {}).items():
@@ -485,6 +545,6 @@ def host_records(hosts, hostvars) -> list:
 class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
-                "migrate_failure": failure_of, "migrate_fleet": fleet_plan,
+                "migrate_failure": failure_of, "migrate_fleet": fleet_plan, "migrate_store_others": store_others,
                 "migrate_record": migrate_record, "migrate_host_records": host_records,
                 "human_bytes": human_bytes}

@@ -249,3 +249,52 @@ def test_the_migrations_preview_says_where_each_hosts_bytes_come_from(plab, work
         assert fetch[store[0]]["source"] == "store" and fetch[store[0]]["bytes"] == 0
         assert "in the shared store" in fetch[store[0]]["text"] and fetch[store[1]]["bytes"] == 7116181
     assert bodies(lab, since, "lab/tiny-b") == []
+
+
+def store_inventory(lab, tmp_path, unreachable=None):
+    """The peer lab's inventory with the lab's catalog and settings (inventory/lab's group_vars)
+    beside it, and ``unreachable``: one more host of the shared store at an address nobody has."""
+    import yaml
+    from tests.lab.fixtures import REPO
+    inv = yaml.safe_load(lab.inventory.read_text())
+    hosts = inv["all"]["children"]["gpu_hosts"]["hosts"]
+    if unreachable:
+        hosts[unreachable] = {"ansible_host": lab.address("gpu1").rsplit(".", 1)[0] + ".250",
+                              "modelswap_store": "%s-shared" % lab._lab.name,
+                              "ansible_ssh_common_args": "-o ConnectTimeout=3 -o StrictHostKeyChecking=no"}
+    folder = tmp_path / "inventory"
+    folder.mkdir(parents=True)
+    (folder / "hosts.yml").write_text(yaml.safe_dump(inv))
+    (folder / "group_vars").symlink_to(REPO / "inventory" / "lab" / "group_vars")
+    return folder / "hosts.yml"
+
+
+def test_a_migration_limited_to_one_host_of_a_store_does_not_purge_what_another_serves(plab, workdir, tmp_path):
+    """Issue 27, item 4: gpu6 serves tiny-b from the store gpu5 and gpu6 share; a migration of gpu5
+    alone (--limit) that would purge tiny-b reads gpu6 and refuses; with a third host of the store
+    unreachable, the purge refuses as well, since what that host serves is unknown. Nothing is deleted."""
+    lab, commit = plab, plab.models["tiny-b"]["commit"]
+    fill = lab.playbook("playbooks/fetch.yml", fetch_vars(lab, workdir, cache=STORE_PATH), limit="gpu5")
+    assert fill.rc == 0, fill.stdout[-4000:]
+    snapshot = "%s/models--lab--tiny-b/snapshots/%s" % (STORE_PATH, commit)
+    record = "/var/lib/modelswap/deployment.json"
+    lab.ssh("gpu6", "mkdir -p /var/lib/modelswap && echo %s > %s" % (shlex.quote(json.dumps(
+        {"model": "tiny-b", "repo_id": "lab/tiny-b", "commit": commit, "path": snapshot})), record))
+    ev = {"modelswap_serve": "tiny-a", "preflight_purge_candidates": ["tiny-b"], "model_purge_all_listed": True,
+          "lb_pool_type": "none", "migrate_benchmark": False, "modelswap_results_dir": str(tmp_path / "results")}
+    try:
+        preview = lab.playbook("playbooks/migrate.yml", ev, check=True, limit="gpu5",
+                               inventory=store_inventory(lab, tmp_path))
+        assert preview.rc != 0, preview.stdout[-4000:]
+        assert ("is in the shared store %s-shared, where gpu6 serves it (tiny-b)" % lab._lab.name) in preview.stdout
+
+        lab.ssh("gpu6", "rm -f %s" % record)      # gpu6 serves nothing now: only gpu9 is in the way
+        inventory = store_inventory(lab, tmp_path / "unreachable", unreachable="gpu9")
+        run = lab.playbook("playbooks/migrate.yml", ev, limit="gpu5", inventory=inventory)
+        assert run.rc != 0, run.stdout[-4000:]
+        assert ("the shared store %s-shared is also mounted by gpu9 (unreachable" % lab._lab.name) in run.stdout, run.stdout[-5000:]
+        assert "nothing is purged from the store" in run.stdout
+        for host in STORE_HOSTS:
+            assert lab.ssh(host, "test -e %s/config.json && echo kept" % snapshot).stdout.strip() == "kept"
+    finally:
+        lab.ssh("gpu6", "rm -f %s" % record, check=False)

@@ -379,6 +379,56 @@ def test_a_shared_store_keeps_what_another_of_its_hosts_serves():
     assert "sources" not in out
 
 
+def outside(store="nfs1", serve="new", models=None):
+    """An inventory host of a shared store that the play did not read (--limit, unreachable)."""
+    return {"modelswap_store": store, "modelswap_serve": serve, "modelswap_models": models or MODELS2}
+
+
+def test_the_hosts_of_a_store_outside_the_play_are_read_apart():
+    from ansible_collections.modelswap.vllm.plugins.filter.migrate import store_others
+    hv = {"g5": host(store="nfs1"), "g6": outside(), "g7": host(store="nfs1"), "g8": outside(store="nfs2"),
+          "g9": host(), "lb": {}}
+    # g6: left out by --limit; g7: in the play (its own read); g8: another store; g9: own disk
+    assert store_others(["g5", "g6", "g7", "g8", "g9", "lb"], hv, ["g5", "g7", "g9"]) == ["g6"]
+    assert store_others(["g5", "g6"], hv, ["g9"]) == []        # no store in the play: nothing to read
+
+
+def test_a_store_host_outside_the_play_keeps_what_it_serves_and_targets():
+    models = dict(MODELS2, pinned={"repo_id": "org/pinned", "revision": C_NEW})
+    hv = {"g5": host(store="nfs1", purge=["org/other@" + C_OLD]), "g6": outside(serve="pinned", models=models)}
+    others = [{"item": "g6", "deployment": {"model": "other", "repo_id": "org/other", "commit": C_OLD}}]
+    out = fleet_plan(["g5"], hv, others=others)
+    assert out["hosts"]["g5"]["store_problem"].startswith(
+        "model_purge: org/other@%s is in the shared store nfs1, where g6 serves it (other)" % C_OLD)
+    assert "org/pinned@" + C_NEW in out["stores"]["nfs1"]     # its target, at the catalog's commit
+    # the other commit of what g6 serves is not protected; what g6 targets is, by its pinned commit
+    assert "store_problem" not in fleet_plan(["g5"], dict(hv, g5=host(store="nfs1", purge=["org/other@" + C_NEW])),
+                                             others=others)["hosts"]["g5"]
+    hit = fleet_plan(["g5"], dict(hv, g5=host(store="nfs1", purge=["org/pinned"])), others=others)
+    assert "where g6 targets it (pinned)" in hit["hosts"]["g5"]["store_problem"]
+
+
+def test_an_unreadable_host_of_the_store_stops_its_purge():
+    hv = {"g5": host(store="nfs1", purge=["org/other@" + C_OLD]), "g6": outside(), "g8": outside(store="nfs2"),
+          "g9": host(store="nfs2", purge=["org/other"]), "g10": host(store="nfs1")}
+    others = [{"item": "g6", "unreachable": True, "msg": "Failed to connect to the host via ssh: timed out\n"},
+              {"item": "g8", "deployment": None}]
+    out = fleet_plan(["g5", "g9", "g10"], hv, others=others)
+    assert out["hosts"]["g5"]["store_problem"] == (
+        "model_purge: the shared store nfs1 is also mounted by g6 (unreachable: Failed to connect to the host via "
+        "ssh: timed out), which this run could not read: what it serves is unknown, so nothing is purged from the "
+        "store. Reach it and run again, or take modelswap_store off a host that no longer mounts it; nothing was deleted")
+    assert "store_problem" not in out["hosts"]["g10"]          # nothing to purge: nothing refused
+    assert "store_problem" not in out["hosts"]["g9"]           # g8 serves nothing (no record)
+    failed = fleet_plan(["g5"], hv, others=[{"item": "g6", "failed": True, "msg": "Permission denied"}])
+    assert "g6 (its record could not be read: Permission denied)" in failed["hosts"]["g5"]["store_problem"]
+    # a host of the play whose read did not succeed (unreachable, refused by its lease) counts the same
+    lost = dict(hv, g10=dict(host(store="nfs1"), __migrate_read={"failed": True, "msg": "boom"}), g11=outside())
+    out = fleet_plan(["g5", "g10", "g11"], lost)
+    assert "also mounted by g10 (its read in this run did not succeed), g11 (its read" in out["hosts"]["g5"]["store_problem"]
+    assert set(out["hosts"]) == {"g5"}
+
+
 def test_the_plan_takes_the_hosts_source_and_counts_a_store_once():
     source = {"source": "store", "from": None, "round": 1, "bytes": 0, "line": "in the shared store nfs1, which g5 fills from the Hub (round 1)"}
     out = planned(fleet={"source": source})
