@@ -157,13 +157,27 @@ options:
     type: int
     default: 30
   lock_timeout:
-    description: Seconds to wait for another download of the same repository to release the lock.
+    description:
+      - Seconds to wait for another download of the same repository that holds the lock and shows no
+        progress. One that does (its progress file, named in the lock, keeps moving) is followed to its
+        end instead, such as the download a killed controller left running; this run then finds its
+        manifest and only verifies. A holder that writes no progress file is waited for this long.
+      - C(0) does not wait.
     type: int
     default: 600
+  follow_timeout:
+    description:
+      - Seconds at most to follow another download of the same repository that keeps making progress
+        (see O(lock_timeout)); then the module fails with C(cause=locked). C(0) follows none (the wait is
+        O(lock_timeout) whatever the holder does). The task's C(async) limit ends the module anyway.
+    type: int
+    default: 86400
   progress_file:
     description:
       - Where to write the progress JSON (state, bytes, percent, rate, ETA, files) every
         O(progress_interval) seconds while the module runs. Not written in check mode.
+      - The repository lock names it, so a run that waits for the lock follows this run's progress.
+        While it follows a run that writes the same file, that run alone writes it.
     type: path
   progress_id:
     description: An opaque id written into O(progress_file), so a poller tells this run from an earlier one.
@@ -443,6 +457,7 @@ def main():
             retry_delay=dict(type="float", default=2.0),
             timeout=dict(type="int", default=30),
             lock_timeout=dict(type="int", default=600),
+            follow_timeout=dict(type="int", default=86400),
             progress_file=dict(type="path"),
             progress_id=dict(type="str", default=""),
             progress_interval=dict(type="float", default=5.0),

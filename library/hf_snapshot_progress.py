@@ -17,6 +17,10 @@ description:
   - The download has ended (C(finished=true)) when the file says C(done) or C(failed), when the process
     that writes it is gone (its pid and start time are checked in C(/proc), so a reused pid is not
     mistaken for it), or when the Ansible async job's results file (O(results_file)) holds a result.
+  - A file that holds another live run's progress is the download this run follows (it waits for that
+    run's repository lock and leaves the file to it). RV(following) then names that run, the line starts
+    with C(following the download of run <id>) and goes on with that run's line, and the download has
+    not ended.
   - Meant for a polling loop (C(loop) with C(loop_control.pause) and C(break_when)); the model_fetch role
     prints one line per host per interval this way, then collects the result with C(async_status).
 extends_documentation_fragment:
@@ -29,7 +33,7 @@ options:
     required: true
   progress_id:
     description: Only a progress file with this id counts (hf_snapshot's O(modelswap.vllm.hf_snapshot#module:progress_id));
-      an older run's file reads as "waiting for the download to start".
+      an older run's file reads as "waiting for the download to start", another live run's as following it.
     type: str
     default: ""
   results_file:
@@ -69,7 +73,7 @@ finished:
   returned: always
   type: bool
 state:
-  description: starting, resolving, waiting, cleaning, downloading, verifying, done or failed.
+  description: starting, resolving, waiting, cleaning, downloading, verifying, done or failed (C(waiting) while following).
   returned: always
   type: str
 line:
@@ -77,6 +81,10 @@ line:
   returned: always
   type: str
   sample: "lab/tiny-a@8976b4494868 downloading 45.2% 120.0 MiB of 265.4 MiB 35.1 MiB/s ETA 0:00:04 3/7 files"
+following:
+  description: The id of the live run whose progress the file holds, which this run follows (it waits for its lock).
+  returned: when the file holds another live run's progress
+  type: str
 found:
   description: Whether a progress file of this run was found.
   returned: always

@@ -171,6 +171,11 @@ fetch:
     verified: {description: A verified manifest covers every file (nothing to fetch or verify)., type: bool}
     would_fetch: {description: "Files and bytes to download, files to verify (as hf_snapshot's check mode).", type: dict}
     snapshot_path: {description: The snapshot folder., type: str}
+    in_flight:
+      description:
+        - The download that holds the target's repository lock now (C(pid), C(host), C(since), C(run)), such as
+          one a killed controller left running, which the download step follows; null when the lock is free.
+      type: dict
 timings:
   description: Seconds each part of the read took.
   returned: success

@@ -137,7 +137,9 @@ def purge_facts(disk: dict, store, state, options: dict, store_params: dict):
 
 def fetch_facts(entry: dict, listing: dict, *, cache_dir, local_dir, verify: str) -> dict:
     """What model_fetch's download would do, planned by hf_snapshot's own job from the given
-    listing: no huggingface_hub, no request (the controller listed the commit)."""
+    listing: no huggingface_hub, no request (the controller listed the commit). ``in_flight``: the
+    download that holds the target's repository lock now (one a killed controller left running),
+    which the download would follow; None when the lock is free."""
     job = hf_snapshot.SnapshotJob(
         entry["repo_id"], hf=None, revision=entry["revision"], resolved_commit=listing["commit"],
         listing=listing, cache_dir=cache_dir or None, local_dir=local_dir or None,
@@ -149,6 +151,7 @@ def fetch_facts(entry: dict, listing: dict, *, cache_dir, local_dir, verify: str
         raise ReadError("%s: planning the download of %s: %s" % (ACTION, entry["repo_id"], exc))
     return {"commit": job.commit, "snapshot_path": job.layout.snapshot(job.commit),
             "listing_source": job.listing_source, "verified": plan["noop"],
+            "in_flight": hf_snapshot.lock_in_flight(job.layout.lock_path),
             "would_fetch": {"files": plan["fetch"], "bytes": plan["bytes_to_fetch"], "verify": plan["verify"]}}
 
 

@@ -10,7 +10,9 @@ apply). Around it, ``SnapshotJob`` adds what an operator needs after hours of tr
 - the revision is resolved once to a commit and every file is fetched at that commit;
 - allow/ignore patterns that select nothing are an error, not a silent success;
 - one repository-wide lock (``RepoLock``) for the whole download; under it, partial files that
-  killed runs left behind are removed, each only when nobody holds its per-file lock;
+  killed runs left behind are removed, each only when nobody holds its per-file lock; a run that
+  finds the lock held follows the holder while its progress moves (a download a killed
+  controller left running is followed to its end, then only verified);
 - each file is verified as soon as it lands, while others still download: sha256 for LFS files,
   git blob sha1 for the rest (hf_verify); a mismatch deletes the file and fetches it once more,
   then fails naming it;
@@ -40,6 +42,8 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manif
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import (
+    HolderWatch, process_start)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     StoreError,
@@ -49,6 +53,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store i
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import (
     files_with_suffix, listed, nearest_existing)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_locks import LockSet
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.store_locks import probe as probe_lock
 
 try:
     HAS_HF = importlib.util.find_spec("huggingface_hub") is not None
@@ -431,22 +436,65 @@ def writable_problem(path: str, probe: bool) -> str:
 # --------------------------------------------------------------------------------------------
 # locks and orphans
 # --------------------------------------------------------------------------------------------
-class RepoLock:
-    """An exclusive flock on one file, held for a whole download; tells who holds it."""
+def read_lock_record(path: str):
+    """What a repository lock's file says of its holder (a dict), or None (free, or being written)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and info.get("pid") else None
 
-    def __init__(self, path: str):
+
+def describe_holder(info) -> str:
+    """A lock record as a sentence: ``pid 12 on gpu-a01 since <time>, run <id>``."""
+    if not isinstance(info, dict) or not info.get("pid"):
+        return "another process"
+    text = "pid %s on %s since %s" % (info.get("pid"), info.get("host"), info.get("since"))
+    return text + (", run %s" % info["run"] if info.get("run") else "")
+
+
+def lock_in_flight(path: str, host=None, start_of=process_start, probe=probe_lock):
+    """Who holds the repository lock ``path`` now ({pid, host, since, run}), or None when nobody does.
+
+    Read-only: a holder on this host is judged by its record (its pid alive with its start time; a
+    killed one leaves its record behind), any other (a shared store, a record without a start time)
+    by a non-blocking flock taken and dropped at once.
+    """
+    info = read_lock_record(path)
+    if info is None:
+        return None
+    here = socket.gethostname() if host is None else host
+    if info.get("host") == here and info.get("pid_start") is not None and isinstance(info["pid"], int):
+        live = start_of(info["pid"]) == info["pid_start"]
+    else:
+        live = probe(path) is True
+    return {key: info.get(key) for key in ("pid", "host", "since", "run")} if live else None
+
+
+class RepoLock:
+    """An exclusive flock on one file, held for a whole download; tells who holds it.
+
+    The file holds the holder's record: pid and its start time (a reused pid is not the holder),
+    host, since, and its run id and progress file when it has them (a waiting run follows them).
+    """
+
+    def __init__(self, path: str, run: str = "", progress_file: str = ""):
         self.path = path
+        self.run = run
+        self.progress_file = progress_file
         self.fd = None
+        self.seen = None        # the last holder record read while waiting
+
+    def info(self):
+        return read_lock_record(self.path)
 
     def holder(self) -> str:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                info = json.load(fh)
-            return "pid %s on %s since %s" % (info.get("pid"), info.get("host"), info.get("since"))
-        except (OSError, ValueError, AttributeError):
-            return "another process"
+        return describe_holder(self.info() or self.seen)
 
-    def acquire(self, timeout: float, poll: float = 0.5, on_wait=None) -> bool:
+    def acquire(self, timeout: float, poll: float = 0.5, on_wait=None, keep_waiting=None) -> bool:
+        """Take the lock; while another process holds it, wait ``timeout`` seconds, or, with
+        ``keep_waiting`` (asked with the holder's record at every poll), as long as it says so."""
         deadline = time.monotonic() + max(0.0, timeout)
         waited = False
         while True:
@@ -458,7 +506,11 @@ class RepoLock:
                 os.close(fd)
                 if exc.errno not in _CONTENTION:
                     raise
-                if time.monotonic() >= deadline:
+                self.seen = self.info() or self.seen
+                if keep_waiting is not None:
+                    if not keep_waiting(self.seen):
+                        return False
+                elif time.monotonic() >= deadline:
                     return False
                 if on_wait is not None and not waited:
                     on_wait(self.holder())
@@ -473,10 +525,14 @@ class RepoLock:
             if st.st_nlink == 0 or cur is None or (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
                 os.close(fd)   # unlinked or replaced while we waited: lock the file that is there now
                 continue
-            info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            record = {"pid": os.getpid(), "pid_start": process_start(os.getpid()), "host": socket.gethostname(),
+                      "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            if self.run:
+                record["run"] = self.run
+            if self.progress_file:
+                record["progress_file"] = self.progress_file
             os.ftruncate(fd, 0)
-            os.pwrite(fd, info.encode() + b"\n", 0)
+            os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
             self.fd = fd
             return True
 
@@ -577,7 +633,7 @@ def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit:
 DEFAULTS = dict(
     revision=DEFAULT_REVISION, cache_dir=None, local_dir=None, allow_patterns=None, ignore_patterns=None,
     token=None, endpoint=None, workers=8, verify_workers=0, verify="full", reverify=False,
-    use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600,
+    use_xet=True, offline=False, retries=5, retry_delay=2.0, timeout=30, lock_timeout=600, follow_timeout=86400,
     progress=None, http_endpoint_trusted=False, resolved_commit=None, listing=None, store="",
 )
 
@@ -656,6 +712,8 @@ class SnapshotJob:
         if not self.revision.strip() or ".." in self.revision.split("/") or self.revision.startswith("/"):
             raise FetchError("revision %r is malformed; use a commit hash, a branch or a tag" % self.revision,
                              "bad_revision")
+        if int(self.o["follow_timeout"]) < 0:
+            raise FetchError("follow_timeout must be 0 or more seconds, not %s" % self.o["follow_timeout"], "bad_option")
         given = self.o["resolved_commit"] or None
         if given is not None and not hub_client.is_commit(given):
             raise FetchError("resolved_commit %r is not a commit: give the 40 lowercase hex digits the revision "
@@ -891,21 +949,50 @@ class SnapshotJob:
             raise FetchError("cannot create %s: %s; create it or choose another destination"
                              % (layout.root, exc.strerror or exc), "not_writable")
         started = time.monotonic()
-        lock = RepoLock(layout.lock_path)
-        self._p(state="waiting")
-        got = lock.acquire(float(self.o["lock_timeout"]),
-                           on_wait=lambda who: self._p(state="waiting", error=None, lock_holder=who))
-        if not got:
-            raise FetchError(
-                "another download of %s into %s holds %s (%s) for more than %ds; wait for it to end, or "
-                "stop it, then run again"
-                % (self.repo_id, layout.root, layout.lock_path, lock.holder(), int(self.o["lock_timeout"])),
-                "locked")
+        lock = self.lock_repository()
         self.timings["lock_s"] = time.monotonic() - started
         try:
             return self._execute_locked(plan)
         finally:
             lock.release()
+
+    def lock_repository(self) -> RepoLock:
+        """The repository lock, taken. Another run's download that holds it is followed while its
+        progress moves (a download a killed controller left running goes on to its end, and this
+        run then finds its manifest); one that shows no progress for ``lock_timeout`` seconds, or
+        still runs after ``follow_timeout``, fails this run as ``locked``."""
+        layout, progress = self.layout, self.progress
+        lock = RepoLock(layout.lock_path, run=(progress.data.get("id") or "") if progress else "",
+                        progress_file=progress.path if progress else "")
+        watch = HolderWatch(float(self.o["lock_timeout"]), float(self.o["follow_timeout"]))
+
+        def follow(info) -> bool:
+            if progress is not None:
+                # one file, two writers: each run's poller would read the other's lines
+                shared = bool(progress.path and (info or {}).get("progress_file")) and \
+                    os.path.realpath(info["progress_file"]) == os.path.realpath(progress.path)
+                if shared:
+                    progress.mute(True)
+                self._p(state="waiting", error=None, lock_holder=describe_holder(info),
+                        following=(info or {}).get("run"))
+            return watch.keep_waiting(info)
+
+        if lock.acquire(float(self.o["lock_timeout"]), keep_waiting=follow):
+            if progress is not None:
+                progress.mute(False)
+                progress.set(following=None)
+            return lock
+        who = lock.holder()
+        if watch.reason == "limit":
+            why = "still makes progress after this run followed it for %ds (follow_timeout)" % int(watch.limit_s)
+        elif watch.progress is not None:
+            why = "has shown no progress for %ds (lock_timeout)" % int(watch.stall_s)
+        else:
+            why = "has held it for more than %ds (lock_timeout) and writes no progress this run can follow" \
+                % int(watch.stall_s)
+        raise FetchError(
+            "another download of %s into %s holds %s (%s) and %s; wait for it to end, or stop it, then run again"
+            % (self.repo_id, layout.root, layout.lock_path, who, why), "locked")
 
     def _execute_locked(self, plan: dict) -> dict:
         layout = self.layout

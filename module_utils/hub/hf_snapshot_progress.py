@@ -17,6 +17,10 @@ library creates one per file and reports bytes through ``update``/``update_trans
 
 ``pid`` with ``pid_start`` (the process start time from /proc) lets a reader tell a live writer
 from a dead one even after the pid is reused. Pure stdlib: unit-tested directly.
+
+A run that waits for another run's repository lock follows it (``HolderWatch``): it waits while
+the holder's progress moves, and leaves the progress file to the holder when both use one path
+(``Progress.mute``); a poller of the waiting run then reads the holder's progress (``read_progress``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import collections
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
 
@@ -63,6 +68,8 @@ def format_line(p: dict) -> str:
     """One human line for a progress snapshot."""
     what = "%s@%s" % (p.get("repo_id") or "?", (p.get("commit") or p.get("revision") or "?")[:12])
     state = p.get("state", "?")
+    if state == "waiting" and p.get("following"):
+        return "%s following the download of run %s (%s)" % (what, p["following"], p.get("lock_holder") or "?")
     if state == "waiting":
         return "%s waiting for the repository lock (held by %s)" % (what, p.get("lock_holder") or "another download")
     if state in ("starting", "resolving", "cleaning"):
@@ -100,6 +107,7 @@ class Progress:
         self._received = {}
         self._stop = threading.Event()
         self._thread = None
+        self._muted = False
         self.started = clock()
         self.data = {
             "id": run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
@@ -169,9 +177,14 @@ class Progress:
         return p
 
     # ---------------------------------------------------------------- file
+    def mute(self, muted: bool) -> None:
+        """Leave the file alone (``True``) or write it again: while this run follows another whose
+        progress goes to the same file, two writers would make its poller's line flicker."""
+        self._muted = bool(muted)
+
     def write(self) -> dict:
         p = self.snapshot()
-        if self.path:
+        if self.path and not self._muted:
             with contextlib.suppress(OSError):
                 _atomic_write(self.path, p)
         return p
@@ -278,34 +291,53 @@ def job_finished(results_file: str):
     return "started" not in data or bool(data.get("finished"))
 
 
-def read_progress(path: str, run_id: str = "", results_file: str = "", now=None) -> dict:
-    """What a poller reports: the writer's latest progress plus ``finished`` and ``alive``.
-
-    ``finished`` is true when the progress says done/failed, when the writer process is gone, or
-    when the async job has ended; then the poller stops and collects the job's result.
-    """
-    now = time.time() if now is None else now
-    out = {"finished": False, "alive": None, "state": "starting", "line": "", "age_s": None, "found": False}
-    data = None
+def _read_json(path: str):
+    """A progress file's content (a dict), or None when absent, unreadable or not a JSON object."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
-        data = None
-    if isinstance(data, dict) and (not run_id or data.get("id") == run_id):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def writer_alive(data: dict, start_of=process_start):
+    """Whether the process that wrote ``data`` (its pid and start time) still runs; None: unknown."""
+    pid = data.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    start = start_of(pid)
+    return start is not None and (data.get("pid_start") in (None, start))
+
+
+def read_progress(path: str, run_id: str = "", results_file: str = "", now=None) -> dict:
+    """What a poller reports: the writer's latest progress plus ``finished`` and ``alive``.
+
+    ``finished`` is true when the progress says done/failed, when the writer process is gone, or
+    when the async job has ended; then the poller stops and collects the job's result. A file
+    that holds another live run's progress is the download this run follows (it waits for that
+    run's repository lock and leaves the file to it): ``following`` names that run.
+    """
+    now = time.time() if now is None else now
+    out = {"finished": False, "alive": None, "state": "starting", "line": "", "age_s": None, "found": False}
+    data = _read_json(path)
+    if data is not None and (not run_id or data.get("id") == run_id):
         out.update(data)
         out["found"] = True
         out["age_s"] = round(now - float(data.get("updated") or now), 1)
+        out["alive"] = writer_alive(data)
         pid = data.get("pid")
-        if isinstance(pid, int) and pid > 0:
-            start = process_start(pid)
-            out["alive"] = start is not None and (data.get("pid_start") in (None, start))
         if data.get("state") in FINAL_STATES:
             out["finished"] = True
         elif out["alive"] is False:
             out["finished"] = True
             out["line"] = "%s (the download process %s has ended without a final report)" % (
                 data.get("line") or "", pid)
+    elif data is not None and data.get("id") and writer_alive(data):
+        out["state"] = "waiting"
+        out["following"] = data["id"]
+        out["line"] = "following the download of run %s (pid %s): %s" % (
+            data["id"], data.get("pid"), data.get("line") or data.get("state") or "?")
     else:
         out["line"] = "waiting for the download to start"
     done = job_finished(results_file)
@@ -325,3 +357,72 @@ def wait_progress(path: str, progress_id: str = "", results_file: str = "", wait
         sleep(min(poll, max(0.0, deadline - clock())))
         info = read_progress(path, progress_id, results_file)
     return info
+
+
+# --------------------------------------------------------------------------------------------
+# following the holder of a repository lock
+# --------------------------------------------------------------------------------------------
+# What moves while a download goes on: bytes arrive, files land, files are verified, phases change.
+MARK_KEYS = ("state", "bytes_done", "bytes_transferred", "bytes_received", "files_done", "verified_files",
+             "verified_bytes")
+
+
+def progress_mark(data) -> tuple:
+    """What of a progress snapshot shows headway (not ``updated``: a stuck writer still ticks)."""
+    return tuple(data.get(key) for key in MARK_KEYS)
+
+
+def holder_progress(info, read=_read_json, start_of=process_start, host=None):
+    """The progress of a repository lock's holder (``info``: the lock file's record), or None.
+
+    Only a file the holder itself writes counts: its run id and pid, the pid alive on this host
+    with the holder's start time (a reused pid is another process). A holder on another host
+    (a shared store) or one that names no progress file shows none.
+    """
+    if not isinstance(info, dict) or not info.get("progress_file"):
+        return None
+    if info.get("host") != (socket.gethostname() if host is None else host):
+        return None
+    data = read(info["progress_file"])
+    if not isinstance(data, dict) or data.get("pid") != info.get("pid"):
+        return None
+    if info.get("run") and data.get("id") != info["run"]:
+        return None
+    if not writer_alive(dict(data, pid_start=info.get("pid_start", data.get("pid_start"))), start_of):
+        return None
+    return data
+
+
+class HolderWatch:
+    """Whether to keep waiting for a repository lock's holder: while its progress moves.
+
+    ``keep_waiting(info)`` is asked at every poll with the holder's lock record. It says no once
+    the holder has shown no headway for ``stall_s`` seconds (since the wait began, or since its
+    progress last moved; a holder without a progress file never moves: a fixed wait), or once
+    ``limit_s`` seconds have passed since the wait began, whatever the holder does (never less
+    than ``stall_s``). ``reason`` then says which: ``stalled`` or ``limit``.
+    """
+
+    def __init__(self, stall_s: float, limit_s: float = 0.0, clock=time.monotonic, read=holder_progress):
+        self.stall_s = max(0.0, float(stall_s))
+        self.limit_s = max(self.stall_s, float(limit_s or 0.0))
+        self._clock = clock
+        self._read = read
+        self.started = self.moved = clock()
+        self.mark = None
+        self.progress = None
+        self.reason = ""
+
+    def keep_waiting(self, info) -> bool:
+        now = self._clock()
+        data = self._read(info)
+        if data is not None:
+            mark = progress_mark(data)
+            if self.mark is not None and mark != self.mark:
+                self.moved = now
+            self.mark, self.progress = mark, data
+        if now - self.moved >= self.stall_s:
+            self.reason = "stalled"
+        elif now - self.started >= self.limit_s:
+            self.reason = "limit"
+        return not self.reason

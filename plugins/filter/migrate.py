@@ -58,7 +58,8 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
     """The migration's todo list for one host, each step with what it would do and its numbers.
 
     plan: preflight's disk_plan result; purge: model_purge's result (check mode: what would go);
-    fetch: hf_snapshot's result (check mode: would_fetch); service: vllm_service_result;
+    fetch: hf_snapshot's result (check mode: would_fetch), or migrate_facts' fetch (its in_flight: a
+    download that holds the lock now, which the step follows); service: vllm_service_result;
     benchmark: {"enabled": bool, "concurrency": [...]}; failure: {"step", "msg"} when a step
     failed; download_rate: bytes/s used to estimate the download time (0 = unknown);
     install: vllm_service_install_result plus "enabled" (no install step when absent or off);
@@ -127,6 +128,11 @@ def migrate_plan(target: str, plan: dict | None, purge: dict | None, fetch: dict
                                       "store": "in the shared store"}.get(source.get("source"), "")
         fetch_step.update(source=source.get("source"), source_host=source.get("from"), round=source.get("round"),
                           bytes=own, text=f"{nfiles} file(s) {line}".rstrip())
+    in_flight = _get(fetch, "in_flight")
+    if in_flight and not _get(fetch, "verified"):   # a download a killed run left going: hf_snapshot follows it
+        who = (f"run {in_flight.get('run')} (pid {in_flight.get('pid')} since {in_flight.get('since')})"
+               if in_flight.get("run") else f"pid {in_flight.get('pid')} on {in_flight.get('host')} since {in_flight.get('since')}")
+        fetch_step.update(in_flight=in_flight, text=f"follow the download started by {who}, then verify")
     steps.append(fetch_step)
     would_swap = bool(_get(service, "would_swap") or _get(service, "swapped"))
     old = _get(service, "replaced_model") or _get(plan, "served", "name")

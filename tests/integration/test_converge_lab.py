@@ -21,7 +21,7 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.plugin_utils import runner
 from tests.integration import vllm_lab
 from tests.support.crash import DRAIN_MARK as MARK
-from tests.support.crash import convergence_problems, run_killed_at
+from tests.support.crash import convergence_problems, run_killed_at, served_models
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOST = "gpu1"
@@ -135,3 +135,110 @@ def test_5_a_second_run_beside_the_first_refuses_naming_it_and_changes_nothing(l
     assert first["rc"] == 0, first["output"][-3000:]
     assert convergence_problems(lab, HOST, story["key"], "tiny-a", "tiny-b") == []
     assert lab.ssh(HOST, f"test -e {LEASE}", check=False).returncode != 0       # given back
+
+
+def test_6_killed_during_the_download_the_rerun_follows_the_orphaned_download(lab, story):
+    """The controller dies while tiny-b downloads (slowly: the Hub throttles it): the download, an
+    async job on the host, goes on and holds the store's lock. The rerun's plan says it follows it;
+    its fetch waits for that download (past model_fetch_lock_timeout, since it progresses) instead
+    of failing as locked, downloads nothing itself, verifies, and the swap completes."""
+    if lab.ssh(HOST, "test -d /var/lib/modelswap/hf/hub/models--lab--tiny-b", check=False).returncode == 0:
+        purged = lab.playbook("playbooks/purge.yml", dict(story["vars"], modelswap_serve="tiny-a",
+                                                          model_purge_items=["tiny-b"], model_purge_all_listed=True),
+                              limit=HOST)
+        assert purged.rc == 0, purged.stdout[-3000:]
+    lab.hub.fault("throttle", rate=250_000, repo="lab/tiny-b", file="model.safetensors")
+    lab.hub.clear_log()
+    try:
+        # its progress file is written every second (half the poll interval): a sign of life the
+        # rerun's short model_fetch_lock_timeout can see
+        crashed = run_killed_at("migrate.yml", str(lab.inventory),
+                                dict(story["vars"], modelswap_serve="tiny-b", model_fetch_poll_interval=2),
+                                kill_at="Show the progress of each host at every interval", limit=LIMIT)
+        assert crashed["killed"], crashed["output"][-3000:]
+        dead = json.loads(lab.ssh(HOST, f"cat {LEASE}").stdout)["run_id"]
+        ev = dict(story["vars"], modelswap_serve="tiny-b", modelswap_break_lease=dead, model_fetch_lock_timeout=5,
+                  model_fetch_poll_interval=2)
+        preview = runner.preview(str(lab.inventory), serve="tiny-b", limit=LIMIT, extra_vars=ev)
+        fetch = {s["step"]: s for s in preview["plan"][HOST]["steps"]}["fetch"]
+        assert "follow the download started by run" in fetch["text"], fetch
+        rerun = runner.run_playbook("migrate.yml", str(lab.inventory), ev, limit=LIMIT)
+    finally:
+        lab.hub.clear_faults()          # a throttle that has served its request is gone already
+    assert rerun.ok, rerun.failures()
+    assert "following the download of run" in rerun.stdout
+    rec = rerun.custom_stats["modelswap_record"][HOST]
+    assert rec["outcome"] == "migrated" and rec["fetch"]["bytes_downloaded"] == 0 and rec["fetch"]["verified"], rec
+    gets = [r for r in lab.hub.requests() if r["method"] == "GET" and "lab/tiny-b" in r["path"]
+            and r["path"].endswith("/model.safetensors")]
+    assert len(gets) == 1, gets                          # the orphan's download, never a second one
+    converged(lab, story, "tiny-b", "tiny-a")
+
+
+SAVED = "/var/lib/modelswap/vllm"
+# The saved configurations' folder moved onto a 1 MiB tmpfs (its files copied in) and filled: the
+# next write there fails with ENOSPC, as on a full /var/lib/modelswap. Undone by FREE_SAVED.
+FULL_SAVED = r"""
+set -e
+d={d}; keep=$(mktemp -d)
+cp -a "$d"/. "$keep"/
+mount -t tmpfs -o size=1M,mode=0755 modelswap-full "$d"
+cp -a "$keep"/. "$d"/ && rm -rf "$keep"
+fallocate -l $(( $(stat -f -c '%a * %S' "$d") )) "$d/filler"
+if echo x > "$d/probe" 2>/dev/null; then echo "still room"; exit 3; fi
+rm -f "$d/probe"
+echo full
+"""
+FREE_SAVED = r"""
+d={d}; keep=$(mktemp -d)
+rm -f "$d/filler" "$d/probe"
+if mountpoint -q "$d"; then cp -a "$d"/. "$keep"/ && umount "$d" && cp -a "$keep"/. "$d"/; fi
+rm -rf "$keep"
+"""
+
+
+def saved_state(lab) -> tuple:
+    """The record's deployment (what serves and what served before; its notes of what was fetched
+    apart, which a download's verification updates) and every saved configuration, byte for byte
+    (a staged write's leftovers apart)."""
+    record = json.loads(lab.ssh(HOST, "cat /var/lib/modelswap/deployment.json").stdout)
+    record.pop("fetched", None)
+    return record, lab.ssh(HOST, f"cd {SAVED} && find . -type f ! -name filler ! -path './*/.staged/*' "
+                                 "| sort | xargs sha256sum").stdout
+
+
+def test_7_a_record_write_that_fails_on_a_full_disk_leaves_the_old_state_and_the_rerun_completes(lab, story):
+    """The disk under the saved configurations is full when the swap records it: the
+    record write fails (ENOSPC) after the new server started. With no rollback asked, the host
+    serves the target while the record and every saved configuration are still the old one's, byte for byte
+    (the old state, not a mix: a later rollback would restore the right model). With the space
+    back, the rerun repairs the record without a restart and the host converges."""
+    serving = served_models_now(lab, story)
+    assert serving in (["tiny-a"], ["tiny-b"]), serving
+    old, new = serving[0], {"tiny-a": "tiny-b", "tiny-b": "tiny-a"}[serving[0]]
+    before = saved_state(lab)
+    assert lab.ssh(HOST, FULL_SAVED.format(d=SAVED)).stdout.strip().endswith("full")
+    try:
+        failed = runner.run_playbook("migrate.yml", str(lab.inventory),
+                                     dict(story["vars"], modelswap_serve=new, vllm_service_rollback_on_failure=False),
+                                     limit=LIMIT)
+        assert not failed.ok
+        failure = failed.custom_stats["modelswap_record"][HOST]["failure"]
+        assert "No space left on device" in failure["msg"], failure
+        assert served_models_now(lab, story) == [new]
+        assert saved_state(lab) == before                  # the old record and configurations, intact
+        assert lab.ssh(HOST, f"ls {SAVED}/*/.staged/for.json", check=False).returncode != 0
+    finally:
+        lab.ssh(HOST, FREE_SAVED.format(d=SAVED), check=False)
+    rerun = runner.run_playbook("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=new),
+                                limit=LIMIT)
+    assert rerun.ok, rerun.failures()
+    rec = rerun.custom_stats["modelswap_record"][HOST]
+    assert not rec["swap"]["swapped"], rec
+    assert any(("repair the record: it names %s" % old) in line
+               for line in {s["step"]: s for s in rec["plan"]["steps"]}["swap"]["repairs"]), rec["plan"]
+    converged(lab, story, new, old)
+
+
+def served_models_now(lab, story):
+    return served_models(lab.address(HOST), story["key"])
