@@ -177,6 +177,35 @@ def pool_view(servers: list, server: str, min_serving: int = 1, leaving=None, po
     return view
 
 
+def host_pool(lb_type, stats, backend: str, server: str, source: str = "the stats") -> dict:
+    """One host's place in its pool, for the fleet table (fleet_status): ``{"type", "found",
+    "status", "serving", "admin", "check", "label", "text"}``. ``label`` is the table's column
+    (HAProxy's status without its "(via ...)" detail, "not in the pool", "unreadable" or "-"),
+    ``text`` the same with the reason. HAProxy: ``stats`` is the uri read of its stats page (or
+    the CSV), read once for every host. none, and the hooks (their state task file is not run
+    here): "-". Never raises: an unreadable pool is a state of the table."""
+    lb_type = lb_type or "none"
+    out = {"type": lb_type, "found": None, "status": None, "serving": None, "admin": None, "check": None,
+           "label": "-", "text": "-"}
+    if lb_type != "haproxy":
+        return out
+    if isinstance(stats, Mapping) and stats.get("skipped"):
+        return dict(out, label="unreadable", text="unreadable: %s was not read (the task was skipped)" % source)
+    try:
+        servers = haproxy_servers(stats, backend, source)
+    except PoolError as exc:
+        return dict(out, label="unreadable", text="unreadable: %s" % exc)
+    view = pool_view(servers, server, pool=backend)
+    this = view["this"]
+    if this is None:
+        return dict(out, found=False, label="not in the pool",
+                    text="not in the pool (%s: %s)" % (view["label"], _status_list(servers)))
+    # UP with weight 0 gets no requests: say so, or "UP" would read as serving
+    weight0 = ", weight 0" if not this["serving"] and this["status"].startswith("UP") else ""
+    return dict(out, found=True, status=this["status"], serving=this["serving"], admin=this["admin"],
+                check=this["check"], label=(this["status"].split(" (", 1)[0] or "?") + weight0,
+                text=this["status"] + weight0)
+
 def _seconds(value):
     try:
         return round(float(value), 1)

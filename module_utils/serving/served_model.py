@@ -16,6 +16,7 @@ the command_runner.HostCommands it is given: ``HostCommands.of(module)`` in a mo
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record as record_file
@@ -172,3 +173,83 @@ def read_unit(commands, unit: str):
         model = model_from_argv(exec_start_argv(exec_start_from_unit_file(text)))
         return {"model": model, "active": None, "unit_state": "unknown (systemd not running)"}
     return None
+
+
+def served_reading(response) -> dict:
+    """What a server's ``/v1/models`` said, from the ansible.builtin.uri read of it:
+    ``{"names": [served model names], "why": None, or why it named none}``."""
+    response = response if isinstance(response, dict) else {}
+    if response.get("skipped"):
+        return {"names": [], "why": "/v1/models was not asked (the task was skipped)"}
+    status = response.get("status")
+    if status == 200:
+        data = (response.get("json") or {}).get("data") if isinstance(response.get("json"), dict) else None
+        if not isinstance(data, list):
+            return {"names": [], "why": "/v1/models answered without a model list"}
+        names = [str(item["id"]) for item in data if isinstance(item, dict) and item.get("id")]
+        return {"names": names, "why": None if names else "/v1/models lists no model"}
+    if isinstance(status, int) and status > 0:
+        return {"names": [], "why": "/v1/models answered HTTP %d" % status}
+    msg = str(response.get("msg") or "no answer")
+    # uri's "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] ...>"
+    found = re.search(r"<urlopen error (.*)>", msg)
+    why = found.group(1) if found else msg.rsplit("failed: ", 1)[-1].rsplit("failure: ", 1)[-1]
+    return {"names": [], "why": "/v1/models does not answer: %s" % why[:160]}
+
+
+def _names(names) -> str:
+    return ", ".join(names)
+
+
+def status_problems(record, served, service, pool=None, served_why=None, drained=False,
+                    unit: str = "vllm.service") -> list:
+    """Where a host's deployment record, its service, what its server says it serves and its
+    place in the pool disagree: one line per problem, each ending with the fix ([] when they agree).
+
+    record: the current deployment (deployment_record.current: ``model``, ``served_model_name``,
+    ``path``) or None. served: the names ``/v1/models`` lists (``served_reading``), [] when it
+    named none, for ``served_why``. service: the unit's ActiveState (None: not loaded). pool:
+    lb_pool.host_pool's dict, or None. drained: the drain mark an interrupted migrate.yml leaves
+    (only then does a rerun put the host back in the pool).
+    """
+    served = [str(name) for name in served or []]
+    state = service or "not loaded"
+    problems = []
+    if record:
+        name = record.get("model") or record.get("served_model_name") or "?"
+        expected = record.get("served_model_name") or record.get("model")
+        # a server started without --served-model-name lists its model's path
+        matches = bool(served) and (expected in served or (record.get("path") or "") in served)
+        if state != "active":
+            problems.append("record names %s, but %s is %s%s: rerun migrate.yml to repair it" % (
+                name, unit, state, " and %s answers on its port" % _names(served) if served else ""))
+        elif served and not matches:
+            problems.append("record names %s, serves %s: rerun migrate.yml to repair it" % (name, _names(served)))
+        elif not served:
+            problems.append("record names %s and %s is active, but it serves nothing%s: wait if it is starting, "
+                            "else read its journal (journalctl -u %s)"
+                            % (name, unit, " (%s)" % served_why if served_why else "", unit))
+    elif served:
+        problems.append("serves %s, but no deployment record names a model: rerun migrate.yml to repair it"
+                        % _names(served))
+    pool = pool or {}
+    if pool.get("type") == "haproxy" and pool.get("found") is not None:
+        where = pool.get("label") or pool.get("status")
+        if served and not pool["found"]:
+            problems.append("serves but not in the pool: add it to the backend, or set lb_pool_server to "
+                            "its server's name there")
+        elif served and not pool.get("serving"):
+            if pool.get("admin") in ("maint", "drain") and drained:
+                why, fix = " (an interrupted migrate.yml drained it)", "rerun migrate.yml to rejoin it"
+            elif pool.get("admin") in ("maint", "drain"):
+                # a rerun of migrate.yml puts back only a host its own drain took out
+                why, fix = (" (not drained by migrate.yml)",
+                            "put it back with the lb_pool role (tasks_from: rejoin) if it should serve")
+            else:
+                why = " (health check %s)" % pool["check"] if pool.get("check") else ""
+                fix = "check that HAProxy reaches its vLLM port"
+            problems.append("serves but %s in the pool%s: %s" % (where, why, fix))
+        elif not served and pool.get("serving"):
+            problems.append("%s in the pool but serves nothing%s: take it out (lb_pool tasks_from: drain) or "
+                            "rerun migrate.yml" % (where, " (%s)" % served_why if served_why else ""))
+    return problems

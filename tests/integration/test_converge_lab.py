@@ -46,13 +46,16 @@ def story(lab, tmp_path_factory):
     lab.lb_command(f"enable server vllm/{HOST}")
 
 
-def kill_then_rerun(lab, story, target: str, kill_at: str, before: str) -> dict:
-    """Kill the swap to ``target`` where ``kill_at`` starts, check the state it left, rerun: the
-    rerun's result, after the invariants of a converged host are checked."""
+def kill_then_rerun(lab, story, target: str, kill_at: str, before: str, inspect=None) -> dict:
+    """Kill the swap to ``target`` where ``kill_at`` starts, check the state it left (and call
+    ``inspect()`` on it), rerun: the rerun's result, after the invariants of a converged host are
+    checked."""
     crashed = run_killed_at("migrate.yml", str(lab.inventory), dict(story["vars"], modelswap_serve=target),
                             kill_at=kill_at, limit=LIMIT)
     assert crashed["killed"], crashed["output"][-3000:]
     assert lab.lb_servers()[HOST].startswith("MAINT"), lab.lb_servers()       # left out of the pool
+    if inspect:
+        inspect()
     # the dead run still holds the host's lease: the operator takes it over by name
     dead = json.loads(lab.ssh(HOST, f"cat {LEASE}").stdout)["run_id"]
     rerun = runner.run_playbook("migrate.yml", str(lab.inventory),
@@ -81,8 +84,38 @@ def test_1_killed_between_the_stop_and_the_start(lab, story):
     assert leases[0]["taken_over"] and "as asked (modelswap_break_lease)" in leases[0]["reason"], leases[0]
 
 
+def status_lines(lab, story) -> list[str]:
+    """playbooks/status.yml's table, line by line."""
+    run = lab.playbook("playbooks/status.yml", {"vllm_service_api_key": story["key"]})
+    assert run.rc == 0, run.stdout[-3000:]
+    shown = [r for r in run.task_results("Show the fleet table", "localhost")]
+    assert shown, run.stdout[-3000:]
+    return shown[-1]["msg"]
+
+
 def test_2_killed_during_the_gates_the_rerun_repairs_the_record_and_rejoins(lab, story):
-    out = kill_then_rerun(lab, story, "tiny-a", "Wait until the new server serves", before="tiny-b")
+    seen = {}
+
+    def status_of_the_killed_run():
+        # the server the killed run started comes up; status.yml then says what the rerun repairs
+        for _ in range(180):
+            if served_models_now(lab, story) == ["tiny-a"]:
+                break
+            time.sleep(1)
+        seen["lines"] = status_lines(lab, story)
+
+    out = kill_then_rerun(lab, story, "tiny-a", "Wait until the new server serves", before="tiny-b",
+                          inspect=status_of_the_killed_run)
+    flagged = [line for line in seen["lines"] if line.startswith(f"! {HOST}:")]
+    assert flagged == [f"! {HOST}: record names tiny-b, serves tiny-a: rerun migrate.yml to repair it",
+                       f"! {HOST}: serves but MAINT in the pool (an interrupted migrate.yml drained it): "
+                       "rerun migrate.yml to rejoin it"], seen["lines"]
+    row = next(line.split() for line in seen["lines"] if line.startswith(HOST + " "))
+    assert row[1:3] == ["tiny-b", "tiny-a"] and row[5] == "MAINT", row
+    after = status_lines(lab, story)
+    assert not [line for line in after if line.startswith(f"! {HOST}:")], after
+    row = next(line.split() for line in after if line.startswith(HOST + " "))
+    assert row[1:3] == ["tiny-a", "tiny-a"] and row[5] == "UP", row
     rec = out["rerun"].custom_stats["modelswap_record"][HOST]
     # the server the killed run started is kept: no second restart, the plan repairs the rest
     assert not rec["swap"]["swapped"] and rec["outcome"] == "changed", rec
