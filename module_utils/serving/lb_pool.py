@@ -206,6 +206,7 @@ def host_pool(lb_type, stats, backend: str, server: str, source: str = "the stat
                 check=this["check"], label=(this["status"].split(" (", 1)[0] or "?") + weight0,
                 text=this["status"] + weight0)
 
+
 def _seconds(value):
     try:
         return round(float(value), 1)

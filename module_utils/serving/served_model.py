@@ -191,8 +191,8 @@ def served_reading(response) -> dict:
     if isinstance(status, int) and status > 0:
         return {"names": [], "why": "/v1/models answered HTTP %d" % status}
     msg = str(response.get("msg") or "no answer")
-    # uri's "Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] ...>"
-    found = re.search(r"<urlopen error (.*)>", msg)
+    # uri's "Status code was -1 and not [200]: Request failed: <(urllib's) error [Errno 111] ...>"
+    found = re.search(r"Request failed: <\w+ error (.*)>", msg)
     why = found.group(1) if found else msg.rsplit("failed: ", 1)[-1].rsplit("failure: ", 1)[-1]
     return {"names": [], "why": "/v1/models does not answer: %s" % why[:160]}
 
