@@ -157,8 +157,14 @@ for i in $(seq 1 1200); do
   sleep 0.05
 done
 ls "$incoming"/*.incomplete >/dev/null 2>&1 || {{ echo "no download seen"; exit 3; }}
-avail=$(stat -f -c '%a * %S' "$d")
-fallocate -l $(( $avail - 8192 )) "$d/filler" && echo "filled $(( $avail - 8192 )) bytes"
+# the download writes meanwhile: what was free a moment ago may be gone, so leave a little more
+# room at each try (the rest of the download is megabytes: it still cannot fit)
+for spare in 8192 65536 262144 1048576; do
+  size=$(( $(stat -f -c '%a * %S' "$d") - spare ))
+  if fallocate -l $size "$d/filler" 2>/dev/null; then echo "filled $size bytes"; exit 0; fi
+  rm -f "$d/filler"
+done
+echo "could not fill the store"; exit 4
 """
 
 
