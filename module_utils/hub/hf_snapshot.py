@@ -43,7 +43,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verif
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import (
-    HolderWatch, process_start)
+    HolderWatch, process_start, read_json_object)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     StoreError,
@@ -438,12 +438,8 @@ def writable_problem(path: str, probe: bool) -> str:
 # --------------------------------------------------------------------------------------------
 def read_lock_record(path: str):
     """What a repository lock's file says of its holder (a dict), or None (free, or being written)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            info = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and info.get("pid") else None
+    info = read_json_object(path)
+    return info if info and info.get("pid") else None
 
 
 def describe_holder(info) -> str:

@@ -279,19 +279,13 @@ def job_finished(results_file: str):
     """
     if not results_file:
         return None
-    try:
-        with open(os.path.expanduser(results_file), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return None   # being written
-    if not isinstance(data, dict):
+    data = read_json_object(os.path.expanduser(results_file))    # None also while being written
+    if data is None:
         return None
     return "started" not in data or bool(data.get("finished"))
 
 
-def _read_json(path: str):
+def read_json_object(path: str):
     """A progress file's content (a dict), or None when absent, unreadable or not a JSON object."""
     try:
         with open(path, encoding="utf-8") as fh:
@@ -320,7 +314,7 @@ def read_progress(path: str, run_id: str = "", results_file: str = "", now=None)
     """
     now = time.time() if now is None else now
     out = {"finished": False, "alive": None, "state": "starting", "line": "", "age_s": None, "found": False}
-    data = _read_json(path)
+    data = read_json_object(path)
     if data is not None and (not run_id or data.get("id") == run_id):
         out.update(data)
         out["found"] = True
@@ -372,7 +366,7 @@ def progress_mark(data) -> tuple:
     return tuple(data.get(key) for key in MARK_KEYS)
 
 
-def holder_progress(info, read=_read_json, start_of=process_start, host=None):
+def holder_progress(info, read=read_json_object, start_of=process_start, host=None):
     """The progress of a repository lock's holder (``info``: the lock file's record), or None.
 
     Only a file the holder itself writes counts: its run id and pid, the pid alive on this host

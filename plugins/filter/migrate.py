@@ -367,6 +367,16 @@ def _catalog_commit(entry: dict):
     return rev if len(rev) == 40 and all(c in "0123456789abcdef" for c in rev) else None
 
 
+def _protect(keep: dict, name: str, values, deployment: dict, target_commit) -> None:
+    """Note in ``keep`` what host ``name`` of a shared store serves (its record's deployment) and
+    targets (its modelswap_serve at ``target_commit``; None: any commit of it)."""
+    if deployment.get("repo_id"):
+        keep[(deployment["repo_id"], deployment.get("commit"))] = (name, "serves", deployment.get("model"))
+    target = (values.get("modelswap_models") or {}).get(values.get("modelswap_serve")) or {}
+    if target.get("repo_id"):
+        keep[(target["repo_id"], target_commit)] = (name, "targets", values.get("modelswap_serve"))
+
+
 def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None,
                others=None) -> dict:
     """The fleet-wide part of the plan, from every host's read (migrate_facts): with peers, where
@@ -384,22 +394,16 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: 
     reads, stores, unknown = {}, {}, {}
     for result in others or []:
         name = result.get("item") if isinstance(result, dict) else None
-        values = hostvars[name] if name in hostvars else {}
-        store = values.get("modelswap_store") if hasattr(values, "get") else None
-        if not name or not store:
+        store = _store_of(hostvars, name) if name else ""
+        if not store:
             continue
         if result.get("unreachable") or result.get("failed") or not isinstance(result.get("deployment"), (dict, type(None))):
             why = "unreachable" if result.get("unreachable") else "its record could not be read"
             unknown.setdefault(store, []).append("%s (%s: %s)" % (name, why, str(result.get("msg") or "?").strip()[:200]))
             continue
-        keep = stores.setdefault(store, {})
-        deployment = result.get("deployment") or {}
-        if deployment.get("repo_id"):
-            keep[(deployment["repo_id"], deployment.get("commit"))] = (name, "serves", deployment.get("model"))
-        models = values.get("modelswap_models") or {}
-        entry = models.get(values.get("modelswap_serve")) or {}
-        if entry.get("repo_id"):
-            keep.setdefault((entry["repo_id"], _catalog_commit(entry)), (name, "targets", values.get("modelswap_serve")))
+        values = hostvars[name]
+        target = (values.get("modelswap_models") or {}).get(values.get("modelswap_serve")) or {}
+        _protect(stores.setdefault(store, {}), name, values, result.get("deployment") or {}, _catalog_commit(target))
     for name in hosts or []:
         values, read = _read_of(hostvars, name)
         if read is None:
@@ -411,14 +415,8 @@ def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: 
         reads[name] = (values, read)
         store = values.get("modelswap_store") or ""
         if store:
-            deployment = _get(read, "service", "deployment") or {}
-            models = values.get("modelswap_models") or {}
-            target = models.get(values.get("modelswap_serve")) or {}
-            keep = stores.setdefault(store, {})
-            if deployment.get("repo_id"):
-                keep[(deployment["repo_id"], deployment.get("commit"))] = (name, "serves", deployment.get("model"))
-            if target.get("repo_id"):
-                keep[(target["repo_id"], _get(read, "fetch", "commit"))] = (name, "targets", values.get("modelswap_serve"))
+            _protect(stores.setdefault(store, {}), name, values, _get(read, "service", "deployment") or {},
+                     _get(read, "fetch", "commit"))
     out = {"hosts": {name: {} for name in reads}, "stores": {
         store: sorted("%s@%s" % key for key in keep) for store, keep in stores.items()}}
     leaders = {}

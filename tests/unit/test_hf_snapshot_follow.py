@@ -104,7 +104,7 @@ def test_the_rerun_follows_a_download_that_makes_progress_and_takes_the_lock_whe
         def sample():                                    # the file and the follower's poller, while it waits
             time.sleep(0.4)
             while not stop.is_set():
-                data = progress_mod._read_json(str(shared)) or {}
+                data = progress_mod.read_json_object(str(shared)) or {}
                 seen.append((data.get("id"), data.get("state"), progress_mod.read_progress(str(shared), "follower-run")))
                 if data.get("state") == "done":          # the holder ended its download: no longer following
                     return
@@ -281,7 +281,7 @@ def test_the_poller_of_a_waiting_run_reports_the_run_it_follows(tmp_path):
     assert "following" not in progress_mod.read_progress(str(path), "r-old")
     p.finish("done")
     # a dead writer of another run is no download to follow
-    data = progress_mod._read_json(str(path))
+    data = progress_mod.read_json_object(str(path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     path.write_text(json.dumps(dict(data, pid=int(dead.stdout), pid_start="1", state="downloading")))
@@ -296,10 +296,10 @@ def test_a_muted_progress_leaves_the_file_alone(tmp_path):
     p.mute(True)
     p.set(state="waiting")                                  # a new phase writes at once, unless muted
     p.write()
-    assert progress_mod._read_json(str(path)) == {"id": "theirs"}
+    assert progress_mod.read_json_object(str(path)) == {"id": "theirs"}
     p.mute(False)
     p.finish("done")
-    assert progress_mod._read_json(str(path))["id"] == "mine"
+    assert progress_mod.read_json_object(str(path))["id"] == "mine"
 
 
 # ------------------------------------------------------------------------------------------ the plan
