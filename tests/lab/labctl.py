@@ -523,14 +523,49 @@ def write_known_hosts(lab: Lab) -> None:
         (lab.root(host) / "etc/ssh/ssh_known_hosts").write_text(text)
 
 
+# SSH's exit status for its own failures (connect, banner, auth), as opposed to the command's.
+SSH_FAILED = 255
+
+
+def wait_ssh(lab: Lab, host: str, timeout: float) -> None:
+    """Wait until SSH to ``host`` runs a command. The port opens before sshd can answer in time:
+    with many hosts booting at once on few cores the first tries end in "Connection timed out
+    during banner exchange", so keep trying (with a longer connect timeout) until ``timeout``;
+    the error carries SSH's own last message."""
+    deadline = time.monotonic() + timeout
+    tries = 0
+    while True:
+        argv = ssh_argv(lab, host)
+        argv[argv.index("ConnectTimeout=5")] = "ConnectTimeout=20"
+        proc = run(argv + ["true"], check=False)
+        if proc.returncode != SSH_FAILED:
+            return
+        if tries == 0:
+            log(f"host {host}: {proc.stderr.strip() or 'SSH failed'}; trying again for up to {timeout:.0f} s")
+        tries += 1
+        if time.monotonic() > deadline:
+            raise LabError(f"host {host} ({lab.address(host)}) opened its SSH port but SSH did not get in "
+                           f"within {timeout:.0f} s: {proc.stderr.strip() or 'no message'} "
+                           f"(console: {lab.host_dir(host) / 'console.log'})")
+        time.sleep(1)
+
+
+def boot_budget(booting: int) -> float:
+    """Seconds a host may take to boot while ``booting`` hosts boot at once: on 2 cores 12 hosts
+    come up in ~10 s, but 16 at once starve sshd past its banner timeout, so the budget grows."""
+    return 90 + 10 * max(0, booting - 4)
+
+
 def wait_host_ready(lab: Lab, host: str, timeout: float = 90) -> str:
     wait_port(lab.address(host), 22, timeout)
+    wait_ssh(lab, host, timeout)
     proc = run(ssh_argv(lab, host) + [f"timeout {int(timeout)} systemctl is-system-running --wait"],
                check=False)
     state = proc.stdout.strip()
     if state != "running":
         failed = run(ssh_argv(lab, host) + ["systemctl --failed --no-legend --plain"], check=False)
-        raise LabError(f"host {host} booted but systemd says '{state}'; failed units:\n"
+        ssh_said = f" (ssh: {proc.stderr.strip()})" if proc.returncode == SSH_FAILED else ""
+        raise LabError(f"host {host} booted but systemd says '{state}'{ssh_said}; failed units:\n"
                        f"{failed.stdout.strip()}\n(console: {lab.host_dir(host) / 'console.log'})")
     return state
 
@@ -826,7 +861,7 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
         save_state(lab, state)
     write_known_hosts(lab)
     for host in lab.hosts:
-        wait_host_ready(lab, host)
+        wait_host_ready(lab, host, boot_budget(len(lab.hosts)))
         log(f"host {host} ({lab.address(host)}) is running")
     state["hub_pid"] = start_hub(lab)
     save_state(lab, state)

@@ -155,3 +155,34 @@ def test_the_inventory_declares_the_site_the_peer_key_and_the_shared_store(monke
     assert group["vars"]["modelswap_peer_ssh_key"] == labctl.PEER_KEY_IN_HOST
     assert {h: v.get("modelswap_store") for h, v in group["hosts"].items()} == {
         "gpu1": None, "gpu2": "ci2-shared", "gpu3": "ci2-shared"}
+
+
+def _flaky_ssh(tmp_path, monkeypatch, failures: int):
+    """ssh_argv replaced by a script that fails like SSH (exit 255, its message on stderr) the first
+    ``failures`` times, then runs the command."""
+    tries = tmp_path / "tries"
+    script = tmp_path / "ssh"
+    script.write_text("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0); echo $((n + 1)) > %s\n"
+                      "if [ \"$n\" -lt %d ]; then echo 'Connection timed out during banner exchange' >&2; exit 255; fi\n"
+                      "exit 0\n" % (tries, tries, failures))
+    script.chmod(0o755)
+    monkeypatch.setattr(labctl, "ssh_argv", lambda lab, host: [str(script), "-o", "ConnectTimeout=5"])
+    monkeypatch.setattr(labctl.time, "sleep", lambda s: None)
+    return tries
+
+
+def test_ssh_is_tried_again_while_sshd_is_too_busy_to_answer_its_banner(tmp_path, monkeypatch):
+    tries = _flaky_ssh(tmp_path, monkeypatch, failures=3)
+    labctl.wait_ssh(labctl.Lab(name="t", subnet="10.9.9"), "gpu1", timeout=60)
+    assert tries.read_text().strip() == "4"
+
+
+def test_ssh_that_never_gets_in_fails_with_ssh_own_message(tmp_path, monkeypatch):
+    _flaky_ssh(tmp_path, monkeypatch, failures=1000)
+    with pytest.raises(labctl.LabError, match="gpu1 .*banner exchange"):
+        labctl.wait_ssh(labctl.Lab(name="t", subnet="10.9.9"), "gpu1", timeout=0.5)
+
+
+def test_the_boot_budget_grows_with_the_hosts_booting_at_once():
+    assert labctl.boot_budget(2) == 90
+    assert labctl.boot_budget(16) > labctl.boot_budget(8) > labctl.boot_budget(4)
