@@ -1,7 +1,7 @@
 """Benchmark hf_snapshot against a bare snapshot_download, and its hashing against hashlib.
 
     .venv/bin/python tests/bench/bench_hf_snapshot.py [--hub lab|local|URL] [--mb 384] [--files 4]
-                                                       [--rounds 2] [--workers 8]
+                                                       [--rounds 2] [--workers 8] [--xet]
 
 Side by side in one run, on the same files (a repo of --files safetensors shards of --mb MB in all,
 plus small JSON files, published to the Hub by this script):
@@ -65,12 +65,20 @@ def hub_for(kind: str, tmp: Path):
     raise SystemExit("--hub must be lab or local")
 
 
+# --xet: both sides download through hf_xet (the Hub's reconstruction API), as from huggingface.co.
+USE_XET = False
+
+
 def env_for(home: Path) -> dict:
     no_proxy = ",".join(filter(None, ["127.0.0.1", "localhost", "10.213.7.1", os.environ.get("NO_PROXY")]))
-    return dict(os.environ, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_HUB_DISABLE_XET="1",
-                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_TOKEN="",
-                NO_PROXY=no_proxy, no_proxy=no_proxy,
-                PYTHONPATH=os.pathsep.join([str(REPO / ".collections"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_XET_CACHE=str(home / "xet"),
+               HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_TOKEN="",
+               NO_PROXY=no_proxy, no_proxy=no_proxy,
+               PYTHONPATH=os.pathsep.join([str(REPO / ".collections"), os.environ.get("PYTHONPATH", "")]))
+    env.pop("HF_HUB_DISABLE_XET", None)
+    if not USE_XET:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    return env
 
 
 def run_bare(hub, repo, commit, cache, env, workers) -> float:
@@ -84,7 +92,7 @@ def run_module(hub, repo, commit, cache, env, workers, tmp, verify="full") -> tu
     args = tmp / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
         "repo_id": repo, "revision": commit, "cache_dir": str(cache), "endpoint": hub.url,
-        "use_xet": False, "workers": workers, "verify": verify}}))
+        "use_xet": USE_XET, "workers": workers, "verify": verify}}))
     t = time.monotonic()
     out = subprocess.run([sys.executable, str(REPO / "library" / "hf_snapshot.py"), str(args)], env=env,
                          capture_output=True, text=True)
@@ -136,10 +144,14 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--xet", action="store_true",
+                    help="download through hf_xet (the Hub's Xet path, the default on huggingface.co) on both sides")
     ap.add_argument("--rate", type=float, default=0.0,
                     help="throttle each file's transfer to this many MB/s on the Hub (a network-bound link "
                          "with CPU to spare, as on a GPU host); 0: as fast as the machine goes")
     a = ap.parse_args()
+    global USE_XET
+    USE_XET = a.xet
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hf-snapshot-"))
     hub, owned = hub_for(a.hub, tmp)
@@ -158,8 +170,8 @@ def main() -> int:
         del files
         print(f"hub {hub.url}  repo {repo}@{commit[:12]}  {nfiles} files, "
               f"{total / MB:.0f} MB  workers {a.workers}  cpus {hf_verify.default_workers()}  "
-              f"load {os.getloadavg()[0]:.1f}  " + (f"throttled to {a.rate:g} MB/s per file" if a.rate else
-                                                    "unthrottled"))
+              f"load {os.getloadavg()[0]:.1f}  {'xet' if a.xet else 'http'}  "
+              + (f"throttled to {a.rate:g} MB/s per file" if a.rate else "unthrottled"))
         bare_t, mod_t, size_t, mod_results = [], [], [], []
         last = None
         kinds = ["bare", "module", "size"]

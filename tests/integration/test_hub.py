@@ -287,7 +287,7 @@ def test_gated_repo_needs_a_valid_token_which_never_reaches_the_log(hf, local_hu
         assert secret not in dumped
 
 
-def test_wire_protocol_headers_ranges_and_no_xet(local_hub, repo):
+def test_wire_protocol_headers_ranges_and_xet_only_on_lfs_files(local_hub, repo):
     commit = local_hub.publish(repo, SMALL)
     base = f"{local_hub.url}/{repo}/resolve/main"
 
@@ -319,11 +319,14 @@ def test_wire_protocol_headers_ranges_and_no_xet(local_hub, repo):
                       (f"{local_hub.url}/api/models/{repo}/revision/nope", "RevisionNotFound")]:
         status, h, body = call(url)
         assert (status, h["X-Error-Code"]) == (404, code) and json.loads(body)["error"] == h["X-Error-Message"]
-    tree = call(f"{local_hub.url}/api/models/{repo}/tree/{commit}?recursive=true&expand=true")[2]
-    everything = [call(f"{base}/{n}", "HEAD")[1] for n in SMALL]
-    assert b"xet" not in tree.lower()
-    assert not any(k.lower().startswith("x-xet") or "xet" in v.lower() for h in everything for k, v in h.items())
-    assert all(entry["lastCommit"]["id"] == commit for entry in json.loads(tree))
+    tree = json.loads(call(f"{local_hub.url}/api/models/{repo}/tree/{commit}?recursive=true")[2])
+    expanded = json.loads(call(f"{local_hub.url}/api/models/{repo}/tree/{commit}?recursive=true&expand=true")[2])
+    heads = {n: call(f"{base}/{n}", "HEAD")[1] for n in SMALL}
+    # Xet (test_hub_xet.py) is advertised on LFS files only; the rest is plain git content
+    with_xet = {n for n, h in heads.items() if any(k.lower().startswith("x-xet") for k in h)}
+    assert with_xet == {"model.safetensors"} == {e["path"] for e in tree if "xetHash" in e}
+    assert heads["model.safetensors"]["X-Xet-Hash"] == next(e["xetHash"] for e in tree if "xetHash" in e)
+    assert all(entry["lastCommit"]["id"] == commit for entry in expanded)
 
 
 # --------------------------------------------------------------------------- faults

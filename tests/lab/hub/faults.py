@@ -4,10 +4,13 @@ A fault is ``{"kind": ..., <params>, <selectors>, "count": N | None}``:
 
 Selectors (all optional, ANDed; a request matches a fault when every given selector matches):
   ``method``    HEAD, GET or POST (case-insensitive)
-  ``endpoint``  resolve | revision | tree | paths-info | refs | commits | whoami
-  ``repo``      fnmatch glob on the repository id ("lab/*")
-  ``file``      fnmatch glob on the file path in the repository; only file downloads
-                (``resolve``) have one, so it never matches an API call
+  ``endpoint``  resolve | revision | tree | paths-info | refs | commits | whoami, and for Xet:
+                xet-read-token | xet-reconstruction | xet-xorb | xet-telemetry
+  ``repo``      fnmatch glob on the repository id ("lab/*"); a CAS request has the repository
+                of its xet token (reconstruction) or of the reconstruction that signed its URL (xorb)
+  ``file``      fnmatch glob on the file path in the repository; only file downloads have one:
+                ``resolve`` and, for Xet, ``xet-reconstruction`` and ``xet-xorb`` (the first path in
+                the token's commit with that content), so it never matches an API call
   ``url``       fnmatch glob on the request path, percent-decoded ("/api/models/*")
 
 ``count`` is how many requests the fault acts on before it is spent (default 1; ``None`` = no
@@ -42,6 +45,17 @@ Kinds (what the server does to a matching request):
                   given, raw (e.g. "../../../../etc/x", an oid with "/"); with ``add`` true a
                   tampered copy is appended and the real entry kept.
   ``ignore_range`` answer a request that has a Range header with 200 and the full body.
+
+Xet kinds (the generic kinds work on the CAS routes too: e.g. ``http_error`` with endpoint
+``xet-xorb`` answers a xorb range 5xx, ``cut`` drops it mid-body):
+  ``xet_token_expired``  on ``xet-read-token``: the token issued is already expired (exp = now - 1)
+                  and the CAS answers it 401; hf_xet refreshes a token that expires within 30 s
+                  before using it, so a client sees a second token request, not an error.
+  ``xet_truncated_term`` on ``xet-xorb``: the range is answered short by its last ``chunks``
+                  (default 1) whole chunks, framing consistent (Content-Length, Content-Range).
+  ``xet_bad_chunk``  on ``xet-xorb``: chunk ``chunk`` (default 0) of the range, counted from the
+                  range's first, decodes to data with the middle byte XORed with ``xor`` (default
+                  0xFF): same unpacked length, wrong content; acts only when the range has that chunk.
 """
 from __future__ import annotations
 
@@ -52,7 +66,8 @@ import threading
 from dataclasses import dataclass, field
 
 SELECTORS = ("method", "endpoint", "repo", "file", "url")
-ENDPOINTS = ("resolve", "revision", "tree", "paths-info", "refs", "commits", "whoami")
+ENDPOINTS = ("resolve", "revision", "tree", "paths-info", "refs", "commits", "whoami",
+             "xet-read-token", "xet-reconstruction", "xet-xorb", "xet-telemetry")
 
 # kind -> {param: (type, default)}
 KINDS: dict[str, dict[str, tuple[type | tuple[type, ...], object]]] = {
@@ -66,6 +81,9 @@ KINDS: dict[str, dict[str, tuple[type | tuple[type, ...], object]]] = {
     "bad_listing": {"target": (str, "*"), "path": (str, None), "oid": (str, None), "lfs_oid": (str, None),
                     "add": (bool, False)},
     "ignore_range": {},
+    "xet_token_expired": {},
+    "xet_truncated_term": {"chunks": (int, 1)},
+    "xet_bad_chunk": {"chunk": (int, 0), "xor": (int, 0xFF)},
 }
 MAX_DELAY_S = 60.0
 
@@ -148,6 +166,13 @@ def parse_fault(spec: dict, fault_id: int) -> Fault:
             raise FaultError("wrong_etag: like must be '<revision>:<path>'")
     if kind == "bad_listing" and all(params[k] is None for k in ("path", "oid", "lfs_oid")):
         raise FaultError("bad_listing: give at least one of path, oid, lfs_oid")
+    if kind == "xet_truncated_term" and params["chunks"] < 1:
+        raise FaultError("xet_truncated_term: chunks must be >= 1")
+    if kind == "xet_bad_chunk":
+        if params["chunk"] < 0:
+            raise FaultError("xet_bad_chunk: chunk must be >= 0")
+        if not 1 <= params["xor"] <= 255:
+            raise FaultError("xet_bad_chunk: xor must be 1-255")
     return Fault(fault_id, kind, params, selectors, count)
 
 

@@ -1,4 +1,5 @@
-"""pytest fixtures for the local Hub: `local_hub` (a real server process on loopback) and `hf_env`.
+"""pytest fixtures for the local Hub: `local_hub` (a real server process on loopback), `hf_env` and
+`hf_xet_env`.
 
 Registered in tests/conftest.py through `pytest_plugins`. Tests using them are marked `hub`.
 """
@@ -106,3 +107,14 @@ def hf_env(local_hub, tmp_path) -> dict[str, str]:
         "NO_PROXY": no_proxy,
         "no_proxy": no_proxy,
     }
+
+
+@pytest.fixture
+def hf_xet_env(hf_env, tmp_path) -> dict[str, str]:
+    """`hf_env` with Xet on (hf_xet downloads from the Hub's CAS): hf_xet's cache in the test's folder,
+    retries 50 ms apart (HF_XET_CLIENT_RETRY_MAX_ATTEMPTS: 3 after the first try), no telemetry.
+    hf_xet reads these once per process: give them to a client process, not to this one."""
+    env = {k: v for k, v in hf_env.items() if k != "HF_HUB_DISABLE_XET"}
+    env.update(HF_XET_CACHE=str(tmp_path / "xet-cache"), HF_XET_CLIENT_RETRY_BASE_DELAY="50ms",
+               HF_XET_CLIENT_RETRY_MAX_ATTEMPTS="3", HF_XET_TELEMETRY_ENABLED="0")
+    return env

@@ -1,16 +1,31 @@
 """The lab's local Hugging Face Hub: `python -m tests.lab.hub.server --root DIR --host H --port P`.
 
-Speaks the part of the Hub's HTTP API that huggingface_hub 2.x uses for downloads (plain HTTP,
-never xet) from the store under --root (see store.py), and reads the store on every request, so
-repositories and commits published while it runs are served at once.
+Speaks the part of the Hub's HTTP API that huggingface_hub 2.x uses for downloads, over plain
+HTTP and over Xet (hf_xet), from the store under --root (see store.py), and reads the store on
+every request, so repositories and commits published while it runs are served at once.
 
   GET  /api/models/{repo}[/revision/{rev}][?blobs=true]   info: sha, siblings (sizes with blobs)
   GET  /api/models/{repo}/tree/{rev}[/{path}]?recursive=&expand=   listing, paged by Link rel="next"
   POST /api/models/{repo}/paths-info/{rev}                 form or JSON "paths"
   GET  /api/models/{repo}/refs, /api/models/{repo}/commits/{rev}
   HEAD|GET /{repo}/resolve/{rev}/{path}                    the file: X-Repo-Commit, ETag (git blob id;
-        sha256 and X-Linked-Etag/X-Linked-Size for LFS files), Accept-Ranges, Range -> 206
+        sha256 and X-Linked-Etag/X-Linked-Size for LFS files), Accept-Ranges, Range -> 206; a
+        non-empty LFS file also carries X-Xet-Hash, X-Xet-Refresh-Route and Link rel="xet-auth"
+        (the token route below, at the commit) and rel="xet-reconstruction-info" (not followed:
+        the body is still the file, so a client without xet downloads it as before)
   GET  /api/whoami-v2                                      for a valid Bearer token
+Xet (see xet.py; off with --no-xet; tree and paths-info entries of LFS files then carry xetHash):
+  GET  /api/models/{repo}/xet-read-token/{rev}             a xet access token for the repository
+        (gated repositories: the same checks as their files): JSON {accessToken, exp, casUrl} and
+        headers X-Xet-Access-Token, X-Xet-Token-Expiration, X-Xet-Cas-Url (casUrl = <this server>/cas);
+        tokens live --xet-token-ttl seconds (default 3600) and are HMAC-signed, not stored
+  GET  /cas/v2/reconstructions/{file hash}, /cas/v1/...    the file's terms and xorb fetch URLs
+        (v2: "xorbs" multi-range entries, v1: "fetch_info"); Range -> that part; 416 past the end;
+        401 without a valid, unexpired token; 404 for a file not in the token's repository
+  GET  /cas/xorbs/default/{xorb hash}?<signed>             xorb bytes: the Range header must lie in
+        the URL's signed range (X-Xet-Signed-Range, Expires, Signature) -> 206, else 403; no
+        Authorization needed, like the Hub's presigned CDN URLs
+  POST /cas/v1/telemetry                                   hf_xet's transfer report, dropped (200)
 Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo), X-Error-Message
 and a JSON {"error": ...}. A gated repository's files need `Authorization: Bearer <token>` of a
 token in tokens.json (401 without, 403 for a token without gated access); its metadata stays public,
@@ -44,8 +59,9 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from tests.lab.hub.faults import FaultError, FaultRegistry, RequestInfo, RequestLog
 from tests.lab.hub.store import Commit, FileEntry, Store
+from tests.lab.hub.xet import FileIndex, XetStore, is_hash_hex, parse_chunks
 
-API_KEYWORDS = ("revision", "tree", "paths-info", "refs", "commits")
+API_KEYWORDS = ("revision", "tree", "paths-info", "refs", "commits", "xet-read-token")
 MAX_REQUEST_BODY = 1024 * 1024
 SEND_CHUNK = 256 * 1024
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"
@@ -75,8 +91,11 @@ class HubHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, address, store: Store, *, max_threads: int, page_size: int, access_log: bool):
+    def __init__(self, address, store: Store, *, max_threads: int, page_size: int, access_log: bool,
+                 xet: bool = True, xet_token_ttl: int = 3600):
         self.store = store
+        self.xet = XetStore(store.root, store.object_path) if xet else None
+        self.xet_token_ttl = xet_token_ttl
         self.faults = FaultRegistry()
         self.log = RequestLog()
         self.page_size = page_size
@@ -449,6 +468,8 @@ class HubHandler(BaseHTTPRequestHandler):
             if method not in ("GET", "HEAD"):
                 raise HubError(405, f"{method} is not allowed on resolve")
             return self._resolve(method, repo, unquote(tail[0]), req.file)
+        if segs[0] == "cas" and self.server.xet is not None:
+            return self._cas(method, [unquote(s) for s in segs[1:]], params)
         self._pre_faults()
         raise HubError(404, f"not found: {req.path}")
 
@@ -470,6 +491,11 @@ class HubHandler(BaseHTTPRequestHandler):
             self._check_auth()
             raise HubError(404, "Repository not found", "RepoNotFound")
         return meta
+
+    def _base_url(self) -> str:
+        """This server as the client reached it (links we hand out must work from where it is)."""
+        host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
+        return f"http://{host}"
 
     def _commit(self, repo_id: str, revision: str) -> Commit:
         commit_id = self.server.store.resolve(repo_id, revision)
@@ -514,6 +540,9 @@ class HubHandler(BaseHTTPRequestHandler):
         d = {"type": "file", "oid": f.oid, "size": f.size, "path": f.path}
         if f.lfs:
             d["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": f.pointer_size}
+            index = self._xet_index(f)
+            if index is not None:
+                d["xetHash"] = index.file_hash
         if last_commit is not None:
             d["lastCommit"] = last_commit
         return d
@@ -569,8 +598,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if start + page_size < len(entries):
             next_q = "&".join(f"{k}={quote(v[-1], safe='')}" for k, v in params.items() if k != "cursor")
             next_q += ("&" if next_q else "") + f"cursor={start + page_size}"
-            host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
-            headers["Link"] = f'<http://{host}{urlsplit(self.path).path}?{next_q}>; rel="next"'
+            headers["Link"] = f'<{self._base_url()}{urlsplit(self.path).path}?{next_q}>; rel="next"'
         self._send_json(200, page, headers)
 
     def _api_paths_info(self, repo_id: str, tail: list[str], params: dict, body: bytes) -> None:
@@ -674,6 +702,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if entry.lfs:
             headers["X-Linked-Etag"] = f'"{etag}"'
             headers["X-Linked-Size"] = entry.size
+            headers.update(self._xet_file_headers(repo_id, commit, entry))
         size = entry.size
         rng = self.headers.get("Range")
         ignore = faults.take("ignore_range", req) if rng is not None and method == "GET" else None
@@ -692,6 +721,155 @@ class HubHandler(BaseHTTPRequestHandler):
             headers["Content-Length"] = end - start + 1
             headers["Content-Range"] = f"bytes {start}-{end}/{size}"
             self._send(206, headers, Body(path=blob, start=start, length=end - start + 1), total=size)
+
+    # ------------------------------------------------------------------ xet: Hub side
+    def _xet_index(self, entry: FileEntry) -> FileIndex | None:
+        """The xet index of an LFS file (built on first use); None when xet is off or the file is empty."""
+        if self.server.xet is None or not entry.lfs or entry.size == 0:
+            return None
+        return self.server.xet.index(entry.sha256)
+
+    def _xet_file_headers(self, repo_id: str, commit: Commit, entry: FileEntry) -> dict:
+        index = self._xet_index(entry)
+        if index is None:
+            return {}
+        base = self._base_url()
+        # the token route names the commit, so a token is for exactly what this answer described
+        refresh = f"{base}/api/models/{quote(repo_id)}/xet-read-token/{commit.id}"
+        return {"X-Xet-Hash": index.file_hash, "X-Xet-Refresh-Route": refresh,
+                "Link": f'<{refresh}>; rel="xet-auth", '
+                        f'<{base}/cas/v2/reconstructions/{index.file_hash}>; rel="xet-reconstruction-info"'}
+
+    def _api_xet_read_token(self, repo_id: str, tail: list[str], params: dict, body: bytes) -> None:
+        meta = self._repo(repo_id)
+        self._check_auth(gated_file_of=repo_id if meta["gated"] else None)
+        if self.server.xet is None:
+            raise HubError(404, "this Hub serves no xet (--no-xet)")
+        commit = self._commit(repo_id, "/".join(tail) if tail else "main")
+        exp = int(time.time()) + self.server.xet_token_ttl
+        expired = self.server.faults.take("xet_token_expired", self._req)
+        if expired is not None:
+            self._faults_applied.append(f"xet_token_expired#{expired.id}")
+            exp = int(time.time()) - 1
+        token = self.server.xet.signer.token({"repo": repo_id, "commit": commit.id, "exp": exp,
+                                              "user": self._user})
+        cas = f"{self._base_url()}/cas"
+        self._send_json(200, {"accessToken": token, "exp": exp, "casUrl": cas},
+                        {"X-Xet-Access-Token": token, "X-Xet-Token-Expiration": exp, "X-Xet-Cas-Url": cas})
+
+    # ------------------------------------------------------------------ xet: the CAS
+    def _cas(self, method: str, segs: list[str], params: dict) -> None:
+        req = self._req
+        if len(segs) == 3 and segs[0] in ("v1", "v2") and segs[1] == "reconstructions":
+            req.endpoint = "xet-reconstruction"
+            return self._cas_reconstruction(method, int(segs[0][1]), segs[2])
+        if len(segs) == 3 and segs[:2] == ["xorbs", "default"]:
+            req.endpoint = "xet-xorb"
+            return self._cas_xorb(method, segs[2], params)
+        if segs == ["v1", "telemetry"]:
+            req.endpoint = "xet-telemetry"
+            self._pre_faults()
+            self._xet_claims(required=True)
+            return self._send_json(200, {})
+        self._pre_faults()
+        raise HubError(404, f"no CAS endpoint {method} {req.path}")
+
+    def _xet_claims(self, *, required: bool) -> dict | None:
+        """The claims of the request's xet access token; with `required`, 401 unless valid and unexpired."""
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        claims = self.server.xet.signer.claims(token.strip()) if scheme.lower() == "bearer" else None
+        if claims is not None:
+            self._user = claims.get("user")
+        if not required:
+            return claims
+        if claims is None:
+            raise HubError(401, "a valid xet access token is needed (Authorization: Bearer <accessToken>)")
+        if claims["exp"] <= time.time():
+            raise HubError(401, "the xet access token has expired")
+        return claims
+
+    def _xet_paths(self, claims: dict | None, sha256: str) -> list[str]:
+        """Paths with this content in the token's commit or its history (empty: not this repository's)."""
+        if claims is None or self.server.store.repo_meta(claims["repo"]) is None:
+            return []
+        for commit in self.server.store.history(claims["repo"], claims["commit"]):
+            paths = sorted(p for p, f in commit.files.items() if f.sha256 == sha256)
+            if paths:
+                return paths
+        return []
+
+    def _cas_reconstruction(self, method: str, version: int, file_hash: str) -> None:
+        xet, req = self.server.xet, self._req
+        index = xet.index_by_hash(file_hash)
+        claims = self._xet_claims(required=False)
+        paths = self._xet_paths(claims, index.sha256) if index is not None else []
+        req.repo = claims["repo"] if claims else None
+        req.file = paths[0] if paths else None
+        self._pre_faults()
+        if method != "GET":
+            raise HubError(405, f"{method} is not allowed on reconstructions")
+        self._xet_claims(required=True)
+        if index is None or not paths:
+            raise HubError(404, f"no file {file_hash} in the token's repository")
+        rng = self.headers.get("Range")
+        span = _parse_range(rng, index.size) if rng is not None else None
+        if span == "unsatisfiable":
+            raise HubError(416, f"Range {rng} not satisfiable for {index.size} bytes")
+        first, last = span if span is not None else (0, index.size - 1)
+
+        def xorb_url(xorb: str, byte_first: int, byte_last: int) -> str:
+            query = xet.signer.xorb_query(xorb, byte_first, byte_last, req.repo, req.file)
+            return f"{self._base_url()}/cas/xorbs/default/{xorb}?{query}"
+
+        self._send_json(200, xet.reconstruction(index, first, last, version, xorb_url))
+
+    def _cas_xorb(self, method: str, xorb: str, params: dict) -> None:
+        req = self._req
+        req.repo, req.file = params.get("repo", [None])[-1], params.get("file", [None])[-1]
+        self._pre_faults()
+        if method != "GET":
+            raise HubError(405, f"{method} is not allowed on xorbs")
+        signed = self.server.xet.signer.check_xorb_query(xorb, params) if is_hash_hex(xorb) else "not a xorb hash"
+        if isinstance(signed, str):
+            raise HubError(403, f"xorb URL refused: {signed}")
+        path = self.server.xet.xorb_path(xorb)
+        try:
+            total = path.stat().st_size
+        except FileNotFoundError:
+            raise HubError(404, f"no xorb {xorb}") from None
+        rng = self.headers.get("Range")
+        span = _parse_range(rng, total) if rng is not None else None
+        if not isinstance(span, tuple) or span[0] < signed[0] or span[1] > signed[1]:
+            raise HubError(403, f"Range {rng} is not within the URL's signed range {signed[0]}-{signed[1]}")
+        start, end = span
+        body = self._xet_tampered_range(xorb, start, end)
+        if body is None:
+            body = Body(path=path, start=start, length=end - start + 1)
+        headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+                   "Content-Length": body.length}
+        if body.length:
+            headers["Content-Range"] = f"bytes {start}-{start + body.length - 1}/{total}"
+        self._send(206, headers, body, total=total)
+
+    def _xet_tampered_range(self, xorb: str, start: int, end: int) -> Body | None:
+        """The range as the xet faults change it (whole chunks dropped, a chunk's bytes changed), or None."""
+        faults, req, xet = self.server.faults, self._req, self.server.xet
+        n_chunks = xet.chunks_in_range(xorb, start, end)
+        truncate = faults.take("xet_truncated_term", req)
+        bad = None if truncate else faults.take("xet_bad_chunk", req, lambda f: f.params["chunk"] < n_chunks)
+        if truncate is None and bad is None:
+            return None
+        with open(xet.xorb_path(xorb), "rb") as f:
+            f.seek(start)
+            chunks = parse_chunks(f.read(end - start + 1))
+        if truncate is not None:
+            self._faults_applied.append(f"xet_truncated_term#{truncate.id}")
+            kept = chunks[:max(0, len(chunks) - truncate.params["chunks"])]
+            return Body(b"".join(c.raw() for c in kept))
+        self._faults_applied.append(f"xet_bad_chunk#{bad.id}")
+        out = [c.raw() for c in chunks]
+        out[bad.params["chunk"]] = chunks[bad.params["chunk"]].corrupted(bad.params["xor"])
+        return Body(b"".join(out))
 
     # ------------------------------------------------------------------ control API
     def _control(self, method: str, raw_path: str, query: str) -> None:
@@ -763,12 +941,13 @@ def _parse_range(header: str, size: int):
 
 
 def serve(root: str, host: str, port: int, *, max_threads: int = 128, page_size: int = 1000,
-          access_log: bool = False, port_file: str | None = None, grace_s: float = 1.0) -> int:
+          access_log: bool = False, port_file: str | None = None, grace_s: float = 1.0,
+          xet: bool = True, xet_token_ttl: int = 3600) -> int:
     store = Store(root)
     store.root.mkdir(parents=True, exist_ok=True)
     try:
         server = HubHTTPServer((host, port), store, max_threads=max_threads, page_size=page_size,
-                               access_log=access_log)
+                               access_log=access_log, xet=xet, xet_token_ttl=xet_token_ttl)
     except OSError as e:
         print(f"hub: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr, flush=True)
         return 2
@@ -805,9 +984,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-threads", type=int, default=128, help="connections served at once")
     ap.add_argument("--tree-page-size", type=int, default=1000, help="tree entries per page (Hub: 1000)")
     ap.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    ap.add_argument("--no-xet", dest="xet", action="store_false",
+                    help="plain LFS only, like a Hub repository not on Xet: no xet headers, token or CAS routes")
+    ap.add_argument("--xet-token-ttl", type=int, default=3600, help="seconds a xet access token lives")
     args = ap.parse_args(argv)
     return serve(args.root, args.host, args.port, max_threads=args.max_threads, page_size=args.tree_page_size,
-                 access_log=args.access_log, port_file=args.port_file)
+                 access_log=args.access_log, port_file=args.port_file, xet=args.xet,
+                 xet_token_ttl=args.xet_token_ttl)
 
 
 if __name__ == "__main__":
