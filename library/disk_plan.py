@@ -86,6 +86,8 @@ options:
     description:
       - Count orphaned partial downloads (C(*.incomplete) whose download lock nobody holds) as
         reclaimable; they are reclaimed first.
+      - So are payloads of the shared (Xet) store C(<cache>/blobs) that no link in the cache
+        references (model_purge removes them with the same option).
     type: bool
     default: true
   download_rate:
@@ -198,13 +200,17 @@ shortfall_bytes:
   returned: always
   type: int
 orphans:
-  description: Partial downloads (C(*.incomplete)) with their lock state.
+  description: Partial downloads (C(*.incomplete)) with their lock state, and the payloads of the
+    shared (Xet) store that no link references.
   returned: always
   type: dict
   contains:
-    reclaimable_bytes: {description: Bytes of those no download holds., type: int}
+    reclaimable_bytes: {description: "Bytes of the partial downloads no download holds, plus the unreferenced
+      shared payloads on the target's file system.", type: int}
     in_use_bytes: {description: Bytes of those a live download holds., type: int}
     files: {description: "Each with path, repo_id, bytes, state (reclaimable or in_use).", type: list}
+    shared: {description: "Payloads of the shared (Xet) store no link references, each with path, bytes
+      (allocated, with its .refs and .lock) and size.", type: list}
 candidates:
   description: Purge candidates in order, each with the bytes it frees after the ones before it.
   returned: always
@@ -248,7 +254,8 @@ downtime:
   returned: always
   type: bool
 store:
-  description: Counts of what was scanned, and scan warnings.
+  description: Counts of what was scanned, and scan warnings; on a Xet-layout cache
+    C(shared_payloads) and C(shared_bytes) count the shared store's payloads, each once.
   returned: always
   type: dict
 timings:

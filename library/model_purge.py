@@ -81,6 +81,7 @@ options:
   clean_orphans:
     description:
       - Delete orphaned C(*.incomplete) partial downloads in repos where no download holds a lock.
+      - Also delete payloads of the shared (Xet) store that no link in the cache references.
     type: bool
     default: true
   clean_stale_locks:
@@ -153,8 +154,27 @@ locks_removed:
   returned: always
   type: list
   elements: str
+shared_removed:
+  description:
+    - Payloads of the cache-wide shared (Xet) store C(<cache>/blobs/<xx>/<hash>) removed (check mode,
+      to remove) with their C(.refs) and C(.lock) - those whose last link the purge removes and, with
+      O(clean_orphans), those no link in the cache references (what an interrupted deletion left).
+    - A payload goes only when no link left in the cache references it, checked under its lock from
+      the links on disk, not only from its C(.refs).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/data/hf/hub/blobs/3f/3f9a...", "bytes": 1073745920, "size": 1073741824,
+            "why": "its last link goes with org/old", "unreferenced": false}]
+shared_kept:
+  description: Planned shared-store payloads a real run kept, each with C(because) (a link that
+    reaches it by then, its lock held by a download, a manifest that cannot be read).
+  returned: always
+  type: list
+  elements: dict
 planned_bytes:
-  description: Allocated bytes the purge frees by the plan (deletions, orphans, stale locks).
+  description: Allocated bytes the purge frees by the plan (deletions, orphans, stale locks,
+    unreferenced shared-store payloads).
   returned: always
   type: int
 expected_freed_size:

@@ -1029,17 +1029,23 @@ class SnapshotJob:
             self.timings["transfer_s"] = time.monotonic() - started
         return out
 
-    def _fetch_unit(self, paths: list) -> int:
-        """hf_hub_download of each path (one unit: the paths that share a blob); returns count."""
+    def _fetch_unit(self, paths: list, again: bool = False) -> int:
+        """hf_hub_download of each path (one unit: the paths that share a blob); returns count.
+
+        ``again``: the unit failed verification and its repo blob (a link into the shared Xet store)
+        was removed; its first file is downloaded with ``force_download``, so a bad payload of the
+        store, which huggingface_hub would otherwise link again, is replaced for every link to it.
+        Never for a repo blob still there (one another revision links): that would overwrite it."""
         args = self.layout.download_args()
         self.requests_made = True
         bar = self.progress.bar_class() if self.progress is not None else None
-        for path in paths:
+        for index, path in enumerate(paths):
             what = "downloading %s of %s@%s" % (path, self.repo_id, self.commit[:12])
+            force = {"force_download": True} if again and index == 0 else {}
             self._retrying(lambda: self.hf.hf_hub_download(
                 self.repo_id, path, revision=self.commit, endpoint=self.o["endpoint"] or None,
                 token=self.token or False, etag_timeout=float(self.o["timeout"]), tqdm_class=bar,
-                library_name="modelswap", **args), what)
+                library_name="modelswap", **args, **force), what)
             if self.progress is not None:
                 self.progress.add(files_done=1)
         return len(paths)
@@ -1052,8 +1058,11 @@ class SnapshotJob:
             if problem:
                 return {"ok": False, "reason": problem, "hashed": 0, "size": entry["size"],
                         "algo": hf_verify.expected_digest(entry)[0], "digest": None, "seconds": 0.0}
+        # in a cache, a blob that links into the shared (Xet) store is read only when it leads to
+        # a regular file of that store (hf_verify.cache_target)
         return hf_verify.check_file(self.layout.locate(self.commit, path0), entry, verifier.mode,
-                                    cancel=verifier.cancel)
+                                    cancel=verifier.cancel,
+                                    cache_dir=self.layout.root if self.layout.kind == "cache" else "")
 
     def _transfer_and_verify(self, plan: dict, out: dict) -> None:
         layout = self.layout
@@ -1071,6 +1080,7 @@ class SnapshotJob:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-download")
         pending = {}
         refetched = set()
+        shared_units = set()     # units whose bad repo blob was a link (the Xet store's)
         failures = []
         first_fetch = last_fetch = first_verify = last_verify = None
         started = time.monotonic()
@@ -1078,7 +1088,9 @@ class SnapshotJob:
         def submit_fetch(unit):
             nonlocal first_fetch
             first_fetch = first_fetch or time.monotonic()
-            pending[pool.submit(self._fetch_unit, units[unit])] = ("fetch", unit)
+            again = (unit in refetched and unit in shared_units
+                     and not os.path.lexists(layout.blob(self.wanted[units[unit][0]])))
+            pending[pool.submit(self._fetch_unit, units[unit], again)] = ("fetch", unit)
 
         def submit_verify(unit):
             nonlocal first_verify
@@ -1128,6 +1140,8 @@ class SnapshotJob:
                             self.progress.add(verified_files=len(paths), verified_bytes=int(entry["size"]))
                         continue
                     # a mismatch: delete the bad file(s); fetch once more, or give up
+                    if layout.kind == "cache" and os.path.islink(layout.blob(self.wanted[paths[0]])):
+                        shared_units.add(unit)
                     for path in paths:
                         layout.remove(self.commit, path, self.wanted[path])
                     if unit in refetched or self.stop.is_set():

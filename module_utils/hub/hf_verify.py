@@ -13,15 +13,25 @@ so N threads hash N files on N cores (tests/bench/bench_hf_snapshot.py measures 
 pickling or a second interpreter. Each thread reads through its own preallocated buffer with
 ``readinto`` and advises the kernel that the read is sequential.
 
-Pure stdlib: unit-tested directly, importable on any host.
+What is read in a Hugging Face cache (``check_file(..., cache_dir=...)``, ``cache_target``): a
+snapshot entry that is a link must lead to a blob of its own repo; a repo blob that is itself a link
+(the Xet layout: a link into the cache-wide shared store ``<cache>/blobs/<xx>/<hash>``) is read only
+when its target, resolved, is a regular file of that store, opened with ``O_NOFOLLOW``; a link that
+leads anywhere else (an absolute path outside the cache, a device, a FIFO) is refused as untrusted
+and never opened.
+
+Pure stdlib (and model_store's layout rules): unit-tested directly, importable on any host.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
 ALGOS = ("sha256", "git-sha1")
 MODES = ("full", "size")
@@ -32,6 +42,10 @@ _local = threading.local()
 
 class Cancelled(Exception):
     """Hashing stopped because the caller asked it to."""
+
+
+class Untrusted(OSError):
+    """A file that is not read: a link that leaves where it may lead, or not a regular file."""
 
 
 def default_workers() -> int:
@@ -56,8 +70,71 @@ def _buffer() -> bytearray:
     return buf
 
 
-def hash_file(path: str, algo: str, *, progress=None, cancel=None) -> tuple:
-    """(hex digest, bytes read) of the file at ``path`` (symlinks followed).
+def _resolve_link(link: str) -> str:
+    """The target of the symlink ``link``, lexically normalised (no further link followed)."""
+    return os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+
+
+def cache_target(path: str, cache_dir: str) -> str:
+    """The regular file to read for ``path``, an entry of a snapshot of the cache ``cache_dir``
+    (a real path); raises Untrusted when it may not be read, FileNotFoundError when it is missing.
+
+    A snapshot entry is a regular file (read as it is) or a link to ``<repo>/blobs/<name>`` of its
+    own repo. That blob is a regular file, or (Xet) a link whose target is a payload of the marked
+    shared store, ``<cache>/blobs/<xx>/<hash>``: resolved, it must be that very path (no symlink on
+    the way) and a regular file.
+    """
+    cache_dir = os.path.normpath(cache_dir)
+    rel = os.path.relpath(os.path.normpath(path), cache_dir).split(os.sep)
+    if len(rel) < 4 or rel[0] in ("..", model_store.SHARED_STORE_DIR) or rel[1] != "snapshots":
+        raise Untrusted("%s is not a snapshot entry of the cache %s" % (path, cache_dir))
+    blobs_dir = os.path.join(cache_dir, rel[0], "blobs")
+    st = os.lstat(path)
+    if stat.S_ISREG(st.st_mode):
+        return path
+    if not stat.S_ISLNK(st.st_mode):
+        raise Untrusted("%s is not a regular file nor a link to a blob" % path)
+    blob = _resolve_link(path)
+    if os.path.dirname(blob) != blobs_dir:
+        raise Untrusted("%s links to %s, outside its repo's blobs %s" % (path, blob, blobs_dir))
+    st = os.lstat(blob)
+    if stat.S_ISREG(st.st_mode):
+        return blob
+    if not stat.S_ISLNK(st.st_mode):
+        raise Untrusted("blob %s is not a regular file" % blob)
+    target = _resolve_link(blob)
+    payload = model_store.shared_payload_path(cache_dir, target)
+    if payload is None or not model_store.is_shared_store(cache_dir):
+        raise Untrusted("blob %s links to %s, not to a payload of the shared store %s"
+                        % (blob, target, model_store.shared_store_dir(cache_dir)))
+    real = os.path.realpath(payload)
+    if real != payload:
+        raise Untrusted("blob %s links to %s, which resolves to %s, outside the shared store"
+                        % (blob, payload, real))
+    if not stat.S_ISREG(os.lstat(payload).st_mode):
+        raise Untrusted("blob %s links to %s, which is not a regular file" % (blob, payload))
+    return payload
+
+
+def open_regular(path: str, nofollow: bool = False) -> int:
+    """A read-only fd of the regular file ``path`` (non-blocking open: a FIFO never hangs it);
+    ``nofollow`` refuses a link at the last component. Untrusted for anything but a regular file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if nofollow:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Untrusted("%s is not a regular file" % path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def hash_file(path: str, algo: str, *, progress=None, cancel=None, nofollow: bool = False) -> tuple:
+    """(hex digest, bytes read) of the regular file at ``path`` (symlinks followed unless
+    ``nofollow``; Untrusted for a FIFO, a device, a folder).
 
     ``algo``: ``sha256`` (LFS files) or ``git-sha1`` (git's blob id). ``progress(n)`` is called
     after each buffer; ``cancel`` (a threading.Event) stops the read with ``Cancelled``.
@@ -67,7 +144,7 @@ def hash_file(path: str, algo: str, *, progress=None, cancel=None) -> tuple:
     buf = _buffer()
     view = memoryview(buf)
     total = 0
-    with open(path, "rb", buffering=0) as fh:
+    with os.fdopen(open_regular(path, nofollow), "rb", buffering=0) as fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
         if algo == "sha256":
@@ -99,19 +176,31 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def check_file(path: str, entry: dict, mode: str = "full", *, progress=None, cancel=None) -> dict:
+def check_file(path: str, entry: dict, mode: str = "full", *, progress=None, cancel=None,
+               cache_dir: str = "") -> dict:
     """Verify one file against its tree entry; returns a result dict (never raises for content).
 
     ``{"ok", "path", "size", "algo", "digest", "expected", "reason", "seconds", "hashed"}``;
-    ``reason`` says what is wrong (missing, size, digest). ``mode``: ``full`` hashes the content,
-    ``size`` only compares sizes.
+    ``reason`` says what is wrong (missing, size, digest, untrusted). ``mode``: ``full`` hashes
+    the content, ``size`` only compares sizes. With ``cache_dir`` (a real path), ``path`` is a
+    snapshot entry of that cache and only what cache_target() allows is read, with O_NOFOLLOW.
     """
     started = time.monotonic()
     algo, expected = expected_digest(entry)
     result = {"ok": False, "path": path, "size": None, "algo": algo, "expected": expected,
               "digest": None, "reason": "", "hashed": 0, "seconds": 0.0}
+    read_path, nofollow = path, False
     try:
-        st = os.stat(path)
+        if cache_dir:
+            read_path, nofollow = cache_target(path, cache_dir), True
+            st = os.lstat(read_path)
+        else:
+            st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise Untrusted("%s is not a regular file" % read_path)
+    except Untrusted as exc:
+        result["reason"] = "untrusted: %s; it is not read" % exc
+        return result
     except FileNotFoundError:
         result["reason"] = "missing"
         return result
@@ -127,9 +216,12 @@ def check_file(path: str, entry: dict, mode: str = "full", *, progress=None, can
         result["seconds"] = time.monotonic() - started
         return result
     try:
-        digest, read = hash_file(path, algo, progress=progress, cancel=cancel)
+        digest, read = hash_file(read_path, algo, progress=progress, cancel=cancel, nofollow=nofollow)
     except Cancelled:
         raise
+    except Untrusted as exc:
+        result["reason"] = "untrusted: %s; it is not read" % exc
+        return result
     except OSError as exc:
         result["reason"] = "unreadable (%s)" % (exc.strerror or exc)
         return result
@@ -147,18 +239,19 @@ def check_file(path: str, entry: dict, mode: str = "full", *, progress=None, can
 class Verifier:
     """A pool of ``workers`` hashing threads; ``submit`` returns a Future of check_file()'s dict."""
 
-    def __init__(self, workers: int = 0, mode: str = "full", *, progress=None):
+    def __init__(self, workers: int = 0, mode: str = "full", *, progress=None, cache_dir: str = ""):
         if mode not in MODES:
             raise ValueError("verification mode must be one of %s" % ", ".join(MODES))
         self.workers = workers or default_workers()
         self.mode = mode
         self.progress = progress
+        self.cache_dir = cache_dir     # check_file's: paths are snapshot entries of this cache
         self.cancel = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hf-verify")
 
     def submit(self, path: str, entry: dict):
         return self._pool.submit(check_file, path, entry, self.mode, progress=self.progress,
-                                 cancel=self.cancel)
+                                 cancel=self.cancel, cache_dir=self.cache_dir)
 
     def run(self, fn, *args, **kwargs):
         """Run any callable on the hashing threads (e.g. a check with extra steps around it)."""

@@ -5,7 +5,10 @@
 Pure logic over a scanned ``model_store.Store``: parse sizes and headroom, read the model catalog,
 build the protections (served model, target, keep list), turn operator strings into store items,
 list and order purge candidates, and compute the verdict with per-item freed bytes (shared blobs
-counted once, via ``model_store.DeletionSimulator``).
+counted once, via ``model_store.DeletionSimulator``). On a Xet-layout cache a payload of the shared
+store counts once however many repos and revisions link it, and frees bytes only with the step that
+removes its last link; payloads no link references are reclaimed with the orphaned partial
+downloads (``orphans.shared``).
 
 Used by the disk_plan and model_purge modules; unit-tested table-driven.
 """
@@ -23,6 +26,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store i
     COMMIT_RE,
     DeletionSimulator,
     Item,
+    SharedPayload,
     StoreError,
     human_bytes,
     is_within,
@@ -515,13 +519,34 @@ def duration_words(seconds: float) -> str:
     return "%.1f h" % (seconds / 3600.0)
 
 
+def reclaim_item(orphan) -> Item:
+    """The Item that reclaims ``orphan``: an orphaned partial download (model_store.Orphan) or a
+    shared-store payload no link references (model_store.SharedPayload)."""
+    if isinstance(orphan, SharedPayload):
+        return Item("payload", path=orphan.path)
+    return Item("orphan", folder=orphan.folder, path=orphan.path)
+
+
+def shared_table(store, device) -> tuple:
+    """([row], [reclaimable SharedPayload]): the payloads of the shared (Xet) store that no link
+    of the cache references, each with its allocated bytes (payload, .refs, .lock); reclaimable
+    when on the target's file system."""
+    rows, reclaimable = [], []
+    for sp in store.unreferenced_payloads():
+        size = sum(store.inodes[k][0] for k in sp.keys)
+        rows.append({"path": sp.path, "bytes": size, "size": sp.size})
+        if sp.keys and sp.keys[0][0] == device:
+            reclaimable.append(sp)
+    return rows, reclaimable
+
+
 def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candidates,
               orphans=(), served_items=(), served_label: str = "", target_label: str = "",
               allow_served_purge: bool = False, download_rate: int = 0, models=None) -> dict:
     """The verdict and the purge proposal.
 
     ``candidates`` are Items in purge order; ``orphans`` are reclaimable partial downloads
-    (Orphan), always reclaimed first; ``served_items`` are what purging the served model would
+    (Orphan, and SharedPayload no link references), always reclaimed first; ``served_items`` are what purging the served model would
     delete — considered only when nothing else makes room, and proposed only if allowed.
     """
     available = fs["available"]
@@ -529,7 +554,7 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
     sim = DeletionSimulator(store)
     orphan_bytes = 0
     for o in orphans:
-        orphan_bytes += sim.apply(Item("orphan", folder=o.folder, path=o.path)).bytes
+        orphan_bytes += sim.apply(reclaim_item(o)).bytes
     table = []
     cumulative = orphan_bytes
     cut = None
@@ -598,7 +623,7 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
         if allow_served_purge:
             # minimal: orphans, the served model, then candidates until it fits
             sim2 = DeletionSimulator(store)
-            gained = sum(sim2.apply(Item("orphan", folder=o.folder, path=o.path)).bytes for o in orphans)
+            gained = sum(sim2.apply(reclaim_item(o)).bytes for o in orphans)
             gained += sum(sim2.apply(i).bytes for i in served_items)
             chosen = []
             for item in candidates:
@@ -879,10 +904,11 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
                                   reuse=reuse, device=device, target_name=target["name"])
     served_items = [i for i in state["served_items"] if i not in items]
     orphan_rows, reclaimable = orphan_table(store, device, orphan_in_use)
+    shared_rows, shared_reclaimable = shared_table(store, device)
     target_label = repr(target["name"] or "the target")
     plan = make_plan(
         store, fs, needed_bytes=target["needed_bytes"], headroom_bytes=headroom_bytes, candidates=items,
-        orphans=reclaimable if clean_orphans else [], served_items=served_items,
+        orphans=reclaimable + shared_reclaimable if clean_orphans else [], served_items=served_items,
         served_label=state["served_label"], target_label=target_label,
         allow_served_purge=allow_served_purge, download_rate=download_rate, models=models)
     return dict(
@@ -896,9 +922,10 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
         headroom_bytes=headroom_bytes,
         required_bytes=plan["required_bytes"],
         shortfall_bytes=plan["shortfall_bytes"],
-        orphans={"reclaimable_bytes": sum(o.bytes for o in reclaimable),
+        orphans={"reclaimable_bytes": (sum(o.bytes for o in reclaimable)
+                                       + sum(sum(store.inodes[k][0] for k in sp.keys) for sp in shared_reclaimable)),
                  "in_use_bytes": sum(r["bytes"] for r in orphan_rows if r["state"] == "in_use"),
-                 "files": orphan_rows},
+                 "files": orphan_rows, "shared": shared_rows},
         candidates=plan["candidates"],
         purge=plan["purge"],
         purge_bytes=plan["purge_bytes"],
@@ -910,5 +937,6 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
         downtime=plan["downtime"],
         store={"cache_dir": store.cache_dir, "models_dir": store.models_dir, "repos": len(store.repos),
                "revisions": sum(len(r.revisions) for r in store.repos.values()),
-               "dirs": len(store.dirs), "warnings": store.warnings[:20]},
+               "dirs": len(store.dirs), "warnings": store.warnings[:20],
+               "shared_payloads": len(store.shared), "shared_bytes": sum(sp.size for sp in store.shared.values())},
     )

@@ -16,6 +16,13 @@ file, an NFS root_squash mount, a task without become) and returns, so after eac
 planned path is looked at again (``leftovers``); what is still there is removed once more as
 planned, and what stays is named with its cause: the item is not reported removed and the module
 fails (tests/unit/test_purge_verified.py).
+
+On a Xet-layout cache (docs/architecture.md, "The Xet cache layout") a repo's blobs are links into
+the cache-wide shared store: a step unlinks them (never follows them), and a payload goes only when
+no link left in the cache references it, checked under the payload's lock from the links really
+on disk (model_store.remove_shared_payload), not only from its ``.refs`` hint. The plan names the
+payloads (``shared``): those whose last link the purge removes and, with ``clean_orphans``, those
+no link references any more (what a purge that died between a link and its payload left).
 """
 from __future__ import annotations
 
@@ -65,14 +72,18 @@ class PurgePlan:
     orphans: list = dataclasses.field(default_factory=list)        # {"path", "repo_id", "bytes"}
     busy_orphans: list = dataclasses.field(default_factory=list)   # partial files a download holds
     stale: list = dataclasses.field(default_factory=list)          # {"path", "bytes", "dir"}
+    # shared-store payloads to remove: {"path", "bytes", "size", "why", "unreferenced"}
+    shared: list = dataclasses.field(default_factory=list)
 
     def result(self) -> dict:
         """The module's result for this plan (a real run replaces the orphans, locks and bytes)."""
         planned = (sum(r["bytes"] for r in self.removed) + sum(o["bytes"] for o in self.orphans)
-                   + sum(s["bytes"] for s in self.stale))
-        return dict(changed=bool(self.removed or self.orphans or self.stale), removed=self.removed,
+                   + sum(s["bytes"] for s in self.stale)
+                   + sum(p["bytes"] for p in self.shared if p["unreferenced"]))
+        return dict(changed=bool(self.removed or self.orphans or self.stale or self.shared), removed=self.removed,
                     absent=self.absent, orphans_removed=self.orphans, orphans_busy=self.busy_orphans,
                     locks_removed=[s["path"] for s in self.stale], planned_bytes=planned,
+                    shared_removed=[dict(p) for p in self.shared], shared_kept=[],
                     expected_freed_size=sum(step.expected for step in self.deletions), freed_bytes=None)
 
     def needs_huggingface_hub(self) -> bool:
@@ -314,6 +325,29 @@ def plan_stale_locks(store, simulator) -> list:
     return stale
 
 
+def plan_shared(store, simulator, deletions, clean_orphans: bool) -> list:
+    """The shared-store payloads the purge removes: those whose last link a deletion step removes
+    (their bytes are the step's), then, with ``clean_orphans``, those no link references (their
+    bytes simulated here). Each {"path", "bytes", "size", "why", "unreferenced"}."""
+    rows, seen = [], set()
+    for step in deletions:
+        for path in step.payloads:
+            sp = store.shared.get(path)
+            if sp is None or path in seen:
+                continue
+            seen.add(path)
+            rows.append({"path": path, "bytes": sum(store.inodes[k][0] for k in sp.keys), "size": sp.size,
+                         "why": "its last link goes with %s" % step.label, "unreferenced": False})
+    if clean_orphans:
+        for sp in store.unreferenced_payloads():
+            if sp.path in seen:
+                continue
+            effect = simulator.apply(model_store.Item("payload", path=sp.path))
+            rows.append({"path": sp.path, "bytes": effect.bytes, "size": sp.size,
+                         "why": "no link in the cache references it", "unreferenced": True})
+    return rows
+
+
 def plan_purge(store, state, *, roots, items, models=None, missing: str = "ignore",
                allow_served_purge: bool = False, unit_name: str = "", clean_orphans: bool = True,
                clean_stale_locks: bool = True) -> PurgePlan:
@@ -333,6 +367,8 @@ def plan_purge(store, state, *, roots, items, models=None, missing: str = "ignor
         plan.orphans, plan.busy_orphans = plan_orphans(store, simulator)
     if clean_stale_locks and in_roots:
         plan.stale = plan_stale_locks(store, simulator)
+    if in_roots:
+        plan.shared = plan_shared(store, simulator, deletions, clean_orphans)
     return plan
 
 
@@ -623,6 +659,33 @@ def remove_stale_locks(store, stale, removed_orphans, clean_stale_locks: bool) -
     return removed_locks
 
 
+def remove_shared(store, plan: PurgePlan) -> tuple:
+    """Remove the planned shared-store payloads that no link in the cache references now (the
+    references read again from the cache after the deletions, each checked under the payload's
+    lock). Returns (rows removed, rows kept with ``because``, left_row()s of those whose unlink
+    failed). A payload a link still reaches is kept: a purge never breaks another repo's link."""
+    removed, kept, left = [], [], []
+    if not plan.shared:
+        return removed, kept, left
+    refs, complete = model_store.shared_references(store.cache_dir)
+    for row in plan.shared:
+        path = row["path"]
+        if not complete:
+            kept.append(dict(row, because="a folder of the cache could not be listed, so a link to it may "
+                                          "exist unseen"))
+            continue
+        try:
+            _size, why = model_store.remove_shared_payload(store.cache_dir, path, refs.get(path, ()))
+        except OSError as exc:
+            left.append({"item": "shared payload %s" % path, "paths": [path], "cause": _cause(exc)})
+            continue
+        if why:
+            kept.append(dict(row, because=why))
+        else:
+            removed.append(row)
+    return removed, kept, left
+
+
 def apply_purge(store, plan: PurgePlan, result: dict, *, clean_stale_locks: bool = True) -> dict:
     """Delete the plan (delete_planned, then the orphans and stale locks); ``result`` (the plan's,
     with its diff) updated with what was really removed (``removed``: only items whose planned
@@ -632,9 +695,12 @@ def apply_purge(store, plan: PurgePlan, result: dict, *, clean_stale_locks: bool
     removed_orphans = remove_orphans(store, plan.orphans, result["orphans_busy"], clean_stale_locks)
     result["orphans_removed"] = removed_orphans
     result["locks_removed"] = remove_stale_locks(store, plan.stale, removed_orphans, clean_stale_locks)
+    shared_removed, shared_kept, shared_left = remove_shared(store, plan)
+    left = left + shared_left
+    result.update(shared_removed=shared_removed, shared_kept=shared_kept)
     after = free_bytes(store_folders(store))
     result.update(removed=rows_of(plan, done), left=left, freed_bytes=after - before,
-                  changed=bool(done or partial or removed_orphans or result["locks_removed"]))
+                  changed=bool(done or partial or removed_orphans or result["locks_removed"] or shared_removed))
     if left:
         raise PurgeError(leftover_message(len(result["removed"]), len(plan.removed), left), **result)
     return result

@@ -13,10 +13,20 @@ links them; the last revision takes the whole repo folder), and returns for each
 would newly free: shared blobs are counted once, a hard-linked inode only when its last link goes,
 and a payload of the cache-wide shared (Xet) blob store only when every repo link to it goes.
 
+The Xet layout (huggingface_hub >= 2.x downloading through hf_xet) adds a cache-wide shared store,
+``<cache>/blobs`` (marked by ``.huggingface-shared-blobs``, content ``1``): each payload is a regular
+read-only file ``blobs/<xx>/<xet hash>``, with ``<hash>.refs`` (the repo blob links that reference
+it, a hint) and ``<hash>.lock``; a repo's ``blobs/<etag>`` is then a relative link into it. The
+store folder is not a repo; a payload is counted once however many links reach it and freed only
+with its last link; ``shared_references`` and ``remove_shared_payload`` reconcile the store from
+the links really in the cache (docs/architecture.md, "The Xet cache layout").
+
 Pure stdlib: unit-tested directly, importable on any host.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import shutil
@@ -35,7 +45,12 @@ FOLDER_PREFIX = {v: k for k, v in REPO_TYPES.items()}
 COMMIT_RE = catalog.COMMIT_RE
 XET_HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 IGNORED_NAMES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
+# huggingface_hub's shared blob store (utils/_shared_blobs.py: SHARED_BLOBS_DIR_NAME,
+# SHARED_BLOBS_MARKER_NAME, SHARED_BLOBS_LAYOUT_VERSION, the .refs and .lock suffixes)
+SHARED_STORE_DIR = "blobs"
 SHARED_STORE_MARKER = ".huggingface-shared-blobs"
+SHARED_STORE_LAYOUT = "1\n"
+PREFIX_RE = re.compile(r"^[0-9a-f]{2}\Z")
 
 _SHARED_LOCK = threading.Lock()
 
@@ -85,6 +100,235 @@ def is_within(path: str, root: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# the cache-wide shared (Xet) blob store
+# --------------------------------------------------------------------------------------------
+def shared_store_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, SHARED_STORE_DIR)
+
+
+def is_shared_store(cache_dir: str) -> bool:
+    """Whether ``<cache_dir>/blobs`` is huggingface_hub's marked shared store (its
+    ``is_shared_blobs_dir``: a real folder holding the marker, a regular file reading ``1``)."""
+    if not cache_dir:
+        return False
+    folder = shared_store_dir(cache_dir)
+    marker = os.path.join(folder, SHARED_STORE_MARKER)
+    try:
+        if not (stat.S_ISDIR(os.lstat(folder).st_mode) and stat.S_ISREG(os.lstat(marker).st_mode)):
+            return False
+        with open(marker, encoding="utf-8") as fh:
+            return fh.read() == SHARED_STORE_LAYOUT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def shared_payload_path(cache_dir: str, path: str):
+    """``path`` (lexically normalised) when it names a payload of the store: exactly
+    ``<cache>/blobs/<xx>/<64 hex>`` with ``xx`` the hash's first two digits; else None."""
+    path = os.path.normpath(path)
+    if os.path.dirname(os.path.dirname(path)) != shared_store_dir(cache_dir):
+        return None
+    name = os.path.basename(path)
+    if XET_HASH_RE.match(name) and os.path.basename(os.path.dirname(path)) == name[:2]:
+        return path
+    return None
+
+
+def store_payloads(cache_dir: str) -> list:
+    """The payloads of a marked shared store (regular files, as huggingface_hub's
+    shared_store_blob_paths lists them), sorted; [] when the store is not marked."""
+    if not is_shared_store(cache_dir):
+        return []
+    out = []
+    folder = shared_store_dir(cache_dir)
+    for prefix in sorted(_listed(folder)):
+        pdir = os.path.join(folder, prefix)
+        if not PREFIX_RE.match(prefix) or not _is_dir(pdir):
+            continue
+        for name in sorted(_listed(pdir)):
+            path = os.path.join(pdir, name)
+            if XET_HASH_RE.match(name) and name.startswith(prefix) and _is_reg(path):
+                out.append(path)
+    return out
+
+
+def _listed(folder: str) -> list:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_reg(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _link_payload(cache_dir: str, link: str):
+    """The payload the symlink ``link`` points to (its target resolved lexically, as
+    huggingface_hub's _shared_blob_target does), or None."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    return shared_payload_path(cache_dir, os.path.join(os.path.dirname(link), target))
+
+
+def shared_references(cache_dir: str) -> tuple:
+    """({payload: set of link paths}, complete) from the links really in the cache: every
+    ``<cache>/<folder>/blobs/<name>`` that is a symlink into the store, whatever the folder's name
+    (more references only keep more). ``complete`` is False when a folder's blobs could not be
+    listed: a payload may then be referenced by a link that was not seen."""
+    refs = {}
+    complete = True
+    try:
+        entries = sorted(os.listdir(cache_dir))
+    except OSError:
+        return refs, False
+    for name in entries:
+        if name in (".locks", SHARED_STORE_DIR) or name in IGNORED_NAMES:
+            continue
+        blobs = os.path.join(cache_dir, name, "blobs")
+        try:
+            it = os.scandir(blobs)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            complete = False
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if not entry.is_symlink():
+                        continue
+                except OSError:
+                    continue
+                payload = _link_payload(cache_dir, entry.path)
+                if payload:
+                    refs.setdefault(payload, set()).add(entry.path)
+    return refs, complete
+
+
+def manifest_references(cache_dir: str, payload: str):
+    """The links the payload's ``.refs`` names that still point to it (validated against the file
+    system, as huggingface_hub's _read_valid_manifest_references does); an empty set when there is
+    no manifest, None when one exists but cannot be read."""
+    manifest = payload + ".refs"
+    try:
+        st = os.lstat(manifest)
+    except FileNotFoundError:
+        return set()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        with open(manifest, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    out = set()
+    for line in lines:
+        if not line or os.path.isabs(line) or ".." in line.split("/"):
+            continue
+        link = os.path.join(cache_dir, *line.split("/"))
+        if os.path.islink(link) and _link_payload(cache_dir, link) == payload:
+            out.add(link)
+    return out
+
+
+def _payload_lock(payload: str):
+    """The payload's ``.lock`` (the file huggingface_hub's _shared_blob_lock flocks for a publish,
+    a link and a sweep of that hash) opened without following a link and flocked non-blocking:
+    the fd, or None when someone holds it."""
+    fd = os.open(payload + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", payload + ".lock")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    return fd
+
+
+def _unlink_held(path: str, fd: int) -> None:
+    """Unlink the lock file ``path`` we hold as ``fd`` (only if it is still that file)."""
+    try:
+        if os.path.samestat(os.lstat(path), os.fstat(fd)):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_shared_payload(cache_dir: str, payload: str, links=()) -> tuple:
+    """Remove one payload of the shared store, with its ``.refs`` and ``.lock``, only if no link
+    in the cache references it. ``links`` are the links shared_references() found to it (made
+    before: each is checked again); the manifest's are read under the payload's lock, which every
+    publish and link of huggingface_hub holds while it adds a reference. Returns (removed bytes,
+    why it stays: '' when removed or already gone). Raises OSError when an unlink fails.
+
+    The payload must be exactly ``<cache>/blobs/<xx>/<hash>`` of a marked store, reached through no
+    symlink (its folder's real path is its folder) and a regular file: nothing else is unlinked.
+    """
+    cache_dir = os.path.normpath(cache_dir)
+    if shared_payload_path(cache_dir, payload) != os.path.normpath(payload):
+        return 0, "it is not a payload path of the shared store %s" % shared_store_dir(cache_dir)
+    if not is_shared_store(cache_dir):
+        return 0, "%s is not a marked shared store" % shared_store_dir(cache_dir)
+    folder = os.path.dirname(payload)
+    if os.path.realpath(folder) != folder:
+        return 0, "its folder is reached through a symlink (it resolves to %s)" % os.path.realpath(folder)
+    if not os.path.lexists(payload) and not os.path.lexists(payload + ".lock"):
+        return 0, ""
+    fd = _payload_lock(payload)
+    if fd is None:
+        return 0, "huggingface_hub holds its lock (a download publishes or links it)"
+    try:
+        try:
+            st = os.lstat(payload)
+        except FileNotFoundError:
+            # swept already (huggingface_hub's sweep keeps the .lock): the lock goes once the
+            # manifest is gone too
+            if not os.path.lexists(payload + ".refs"):
+                _unlink_held(payload + ".lock", fd)
+            return 0, ""
+        if not stat.S_ISREG(st.st_mode):
+            return 0, "it is not a regular file"
+        live = sorted(link for link in links if _link_payload(cache_dir, link) == payload)
+        if live:
+            return 0, "%s still links to it" % live[0]
+        manifest = manifest_references(cache_dir, payload)
+        if manifest is None:
+            return 0, "its manifest %s.refs cannot be read" % payload
+        if manifest:
+            return 0, "%s still links to it" % sorted(manifest)[0]
+        os.unlink(payload)
+        try:
+            os.unlink(payload + ".refs")
+        except FileNotFoundError:
+            pass
+        _unlink_held(payload + ".lock", fd)
+        return st.st_size, ""
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
 # inventory data
 # --------------------------------------------------------------------------------------------
 @dataclass
@@ -95,6 +339,7 @@ class Revision:
     blobs: set = field(default_factory=set)        # names of repo blob entries its links point to
     files: int = 0                                # files in the snapshot (links or regular files)
     foreign_links: list = field(default_factory=list)  # links that leave the repo's blobs dir
+    store_links: list = field(default_factory=list)    # (link, payload): foreign links into the shared store
     broken_links: list = field(default_factory=list)   # links to a blob that does not exist
 
 
@@ -171,7 +416,7 @@ class PlainDir:
 class SharedPayload:
     path: str
     size: int
-    keys: list                      # the payload and its .refs manifest
+    keys: list                      # the payload, its .refs manifest and its .lock
     links: set = field(default_factory=set)   # (folder, blob name) that link to it
 
 
@@ -184,6 +429,18 @@ class Store:
     inodes: dict = field(default_factory=dict)    # key -> [allocated bytes, nlink, size, is_regular]
     shared: dict = field(default_factory=dict)    # payload path -> SharedPayload
     warnings: list = field(default_factory=list)
+    marked: object = None                         # is_shared_store(cache_dir), read once
+
+    def shared_marked(self) -> bool:
+        """Whether the cache holds huggingface_hub's marked shared (Xet) store."""
+        if self.marked is None:
+            self.marked = is_shared_store(self.cache_dir)
+        return self.marked
+
+    def unreferenced_payloads(self) -> list:
+        """Payloads of the shared store that no link of the scan references (a purge or a
+        deletion that stopped between a link and its payload leaves them), sorted."""
+        return [sp for path, sp in sorted(self.shared.items()) if not sp.links]
 
     def repo(self, repo_id: str, repo_type: str = "model"):
         return self.repos.get(repo_folder_name(repo_id, repo_type))
@@ -289,6 +546,9 @@ def _scan_snapshot(store: Store, repo: CacheRepo, rev: Revision, blobs_dir: str)
                         name = target[len(prefix):]
                     else:
                         rev.foreign_links.append("%s -> %s" % (entry.path, target))
+                        payload = shared_payload_path(store.cache_dir, target) if store.cache_dir else None
+                        if payload and store.shared_marked() and os.path.exists(payload):
+                            rev.store_links.append((entry.path, payload))
                         continue
                 if name in blobs:
                     rev_blobs.add(name)
@@ -309,6 +569,22 @@ def _shared_target(cache_dir: str, link_target: str, link_dir: str):
     return None
 
 
+def _add_payload(store: Store, payload: str, st=None) -> SharedPayload:
+    """Record a payload of the shared store with its .refs and .lock (caller holds _SHARED_LOCK)."""
+    keys = []
+    if st is None:
+        st = os.lstat(payload)
+    _record(store, st, keys)
+    for extra in (".refs", ".lock"):
+        try:
+            _record(store, os.lstat(payload + extra), keys)
+        except OSError:
+            pass
+    sp = SharedPayload(payload, st.st_size, keys)
+    store.shared[payload] = sp
+    return sp
+
+
 def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
     parsed = parse_repo_folder(folder)
     repo = CacheRepo(folder=folder, repo_type=parsed[0], repo_id=parsed[1], path=path)
@@ -316,8 +592,7 @@ def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
     st = os.lstat(path)
     _record(store, st, rest)
     blobs_dir = os.path.join(path, "blobs")
-    shared_store = bool(store.cache_dir) and os.path.isfile(
-        os.path.join(store.cache_dir, "blobs", SHARED_STORE_MARKER))
+    shared_store = store.shared_marked()
     snapshots = []
     with os.scandir(path) as top:
         entries = list(top)
@@ -350,16 +625,7 @@ def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
                         if payload:
                             shared = payload
                             with _SHARED_LOCK:
-                                sp = store.shared.get(payload)
-                                if sp is None:
-                                    keys = []
-                                    _record(store, pst, keys)
-                                    try:
-                                        _record(store, os.lstat(payload + ".refs"), keys)
-                                    except OSError:
-                                        pass
-                                    sp = SharedPayload(payload, pst.st_size, keys)
-                                    store.shared[payload] = sp
+                                sp = store.shared.get(payload) or _add_payload(store, payload, pst)
                                 sp.links.add((folder, b.name))
                         else:
                             repo.problems.append("blob %s links outside the cache: %s" % (b.path, target))
@@ -426,6 +692,10 @@ def scan_repo(store: Store, path: str, folder: str) -> CacheRepo:
                 _walk_all(store, entry.path, rest)
     for rev in snapshots:
         _scan_snapshot(store, repo, rev, blobs_dir)
+        for link, payload in rev.store_links:
+            with _SHARED_LOCK:
+                sp = store.shared.get(payload) or _add_payload(store, payload)
+                sp.links.add((folder, "snapshot:" + link))
         if rev.broken_links:
             repo.problems.append("revision %s has %d broken link(s), e.g. %s"
                                  % (rev.commit, len(rev.broken_links), rev.broken_links[0]))
@@ -471,6 +741,11 @@ def scan_store(cache_dir: str = "", models_dir: str = "", workers: int = 1) -> S
     """
     store = Store(cache_dir=cache_dir or "", models_dir=models_dir or "")
     if cache_dir:
+        for payload in store_payloads(cache_dir):   # those no link references too
+            try:
+                _add_payload(store, payload)
+            except OSError:
+                continue
         with os.scandir(cache_dir) as it:
             entries = sorted(it, key=lambda e: e.name)
         todo = []
@@ -506,12 +781,13 @@ def scan_store(cache_dir: str = "", models_dir: str = "", workers: int = 1) -> S
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Item:
-    """One purgeable thing. kind: repo | revision | dir | orphan."""
+    """One purgeable thing. kind: repo | revision | dir | orphan | payload (of the shared store,
+    that no link references)."""
     kind: str
     folder: str = ""        # repo folder (repo, revision, orphan)
     commit: str = ""        # revision
     name: str = ""          # plain dir name
-    path: str = ""          # orphan file path / dir path
+    path: str = ""          # orphan file path / dir path / payload path
 
     @property
     def ident(self) -> str:
@@ -533,6 +809,7 @@ class Effect:
     # apparent bytes of the blobs it deletes, counted as huggingface_hub's
     # DeleteCacheStrategy.expected_freed_size counts them (a shared payload when its last link goes)
     expected: int = 0
+    payloads: tuple = ()             # shared-store payloads whose last link this step removes
 
 
 class DeletionSimulator:
@@ -559,6 +836,7 @@ class DeletionSimulator:
         inodes = self.store.inodes
         newly = []
         payloads = 0
+        gone = []
         for key in keys:
             self.removed[key] += 1
             if key not in self.freed and self.removed[key] >= inodes[key][1]:
@@ -573,12 +851,26 @@ class DeletionSimulator:
                 if payload not in self.payloads_gone:
                     self.payloads_gone.add(payload)
                     payloads += sp.size
+                    gone.append(payload)
                 for key in sp.keys:
                     if key not in self.freed:
                         self.freed.add(key)
                         newly.append(key)
         return Effect(bytes=sum(inodes[k][0] for k in newly),
-                      size=sum(inodes[k][2] for k in newly if inodes[k][3]), expected=payloads)
+                      size=sum(inodes[k][2] for k in newly if inodes[k][3]), expected=payloads,
+                      payloads=tuple(sorted(gone)))
+
+    def _release_payload(self, path: str) -> Effect:
+        """A payload no link references: its inodes (payload, .refs, .lock) go."""
+        sp = self.store.shared.get(path)
+        if sp is None or sp.links or path in self.payloads_gone:
+            return Effect(0, 0)
+        self.payloads_gone.add(path)
+        inodes = self.store.inodes
+        newly = [k for k in sp.keys if k not in self.freed]
+        self.freed.update(newly)
+        return Effect(bytes=sum(inodes[k][0] for k in newly),
+                      size=sum(inodes[k][2] for k in newly if inodes[k][3]), payloads=(path,))
 
     def is_gone(self, item: Item) -> bool:
         if item.kind == "repo":
@@ -587,6 +879,8 @@ class DeletionSimulator:
             return item.folder in self.gone_repos or item.commit in self.gone_revs[item.folder]
         if item.kind == "dir":
             return item.name in self.gone_dirs
+        if item.kind == "payload":
+            return item.path in self.payloads_gone
         return ("orphan", item.path) in self.gone_parts[item.folder] or item.folder in self.gone_repos
 
     def apply(self, item: Item) -> Effect:
@@ -596,6 +890,8 @@ class DeletionSimulator:
             d = self.store.dirs[item.name]
             self.gone_dirs.add(item.name)
             return self._account(self._drop(d.parts, "dir:" + item.name, ("rest",)), [])
+        if item.kind == "payload":
+            return self._release_payload(item.path)
         repo = self.store.repos[item.folder]
         if item.kind == "orphan":
             return self._account(self._drop(repo.parts, item.folder, ("orphan", item.path)), [])
@@ -622,6 +918,9 @@ class DeletionSimulator:
                     if blob is not None and blob.shared:
                         shared.append((folder, part[1], blob.shared))
                 keys.extend(self._drop(repo.parts, folder, part))
+            for commit in remaining:
+                for link, payload in repo.revisions[commit].store_links:
+                    shared.append((folder, "snapshot:" + link, payload))
             self.gone_repos.add(folder)
         else:
             keep_blobs = set()
@@ -702,6 +1001,9 @@ class PurgeStep:
     uses_hf: bool         # deleted through huggingface_hub's strategy (a healthy repo)
     unlinks: list         # Unlink, in deletion order: snapshots, refs, blobs, then metadata
     expected: int = 0     # Effect.expected
+    # shared-store payloads whose last link this step removes (Effect.payloads): removed after
+    # the step by remove_shared_payload, only if no link in the cache references them by then
+    payloads: tuple = ()
 
     def paths(self, kind: str) -> list:
         return [u.path for u in self.unlinks if u.kind == kind]
@@ -729,7 +1031,7 @@ def delete_plan(store: Store, repo_steps, dir_names=()) -> list:
         if effect.removes_repo:
             steps.append(PurgeStep(ident, folder, True, uses_hf,
                                    [Unlink("repo", repo.path, _first_key(repo.parts, ("rest",)))],
-                                   effect.expected))
+                                   effect.expected, effect.payloads))
             continue
         unlinks = []
         for commit in effect.revisions:
@@ -748,7 +1050,7 @@ def delete_plan(store: Store, repo_steps, dir_names=()) -> list:
             for path, key, is_dir in sorted(repo.meta.get(commit, ())):
                 unlinks.append(Unlink("meta_dir" if is_dir else "meta", path, key))
         steps.append(PurgeStep("%s@%s" % (ident, ",".join(effect.revisions)), folder, False,
-                               uses_hf, unlinks, effect.expected))
+                               uses_hf, unlinks, effect.expected, effect.payloads))
     for name in dir_names:
         d = store.dirs[name]
         steps.append(PurgeStep(d.path, "", True, False,

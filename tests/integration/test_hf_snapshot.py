@@ -607,6 +607,49 @@ def test_a_cache_filled_by_huggingface_hub_is_verified_offline(snap, local_hub, 
     assert snap(revision=models["main"], offline=True)["changed"] is False
 
 
+def test_a_xet_layout_cache_is_verified_offline_and_rerun_without_requests(
+        snap, local_hub, hf_env, models, tmp_path):
+    """The same on the Xet layout: each repo blob is published to the cache-wide shared store with
+    huggingface_hub's own publish_blob_to_shared_store (what hf_hub_download does after a Xet
+    download), so every repo blob is a relative link into <cache>/blobs/<xx>/<hash>."""
+    from huggingface_hub.utils import _shared_blobs
+
+    cache = Path(os.path.realpath(tmp_path / "cache"))
+    code = ("import sys; from huggingface_hub import snapshot_download as s; "
+            "print(s('org/tiny', revision=sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3]))")
+    subprocess.run([sys.executable, "-c", code, models["main"], str(cache), local_hub.url],
+                   env=dict(os.environ, **hf_env), check=True, capture_output=True)
+    blobs = cache / "models--org--tiny" / "blobs"
+    for blob in sorted(blobs.iterdir()):
+        data = blob.read_bytes()
+        assert _shared_blobs.publish_blob_to_shared_store(
+            blob_path=str(blob), xet_hash=hashlib.sha256(b"xet:" + data).hexdigest(), cache_dir=cache,
+            expected_size=len(data))
+        assert blob.is_symlink() and _shared_blobs.shared_blob_target(blob, cache) is not None
+    local_hub.clear_log()
+    r = snap(revision=models["main"], offline=True)
+    assert r.get("failed") is not True, r.get("msg")
+    assert r["changed"] is True and r["files_downloaded"] == 0 and r["listing_source"] == "tree_cache"
+    assert r["verification"]["files"] == 5 and r["verification"]["hashed_bytes"] == TOTAL
+    assert local_hub.requests() == []
+    again = snap(revision=models["main"], offline=True)
+    assert again["changed"] is False and again["verification"]["source"] == "manifest"
+    assert snap(revision=models["main"])["changed"] is False       # a pinned commit, online: no request
+    assert local_hub.requests() == []
+    # a repo blob retargeted outside the store is refused, never read, and fetched again
+    weights = blobs / hashlib.sha256(FILES["model-00001-of-00002.safetensors"]).hexdigest()
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(FILES["model-00001-of-00002.safetensors"])
+    os.unlink(weights)
+    os.symlink(str(outside), weights)
+    bad = snap(revision=models["main"], reverify=True, retry_delay=0.05)
+    assert bad.get("failed") is not True, bad.get("msg")
+    refetched = bad["verification"]["refetched"]
+    assert [f["path"] for f in refetched] == ["model-00001-of-00002.safetensors"]
+    assert "untrusted" in refetched[0]["reason"]
+    assert outside.read_bytes() == FILES["model-00001-of-00002.safetensors"] and not weights.is_symlink()
+
+
 def test_a_python_without_huggingface_hub_is_told_what_to_do(hf_env, tmp_path):
     fake = tmp_path / "site"
     fake.mkdir()

@@ -277,7 +277,8 @@ def test_the_plans_result_and_diff(world):
                                   models=MODELS)
     result = plan.result()
     assert sorted(result) == ["absent", "changed", "expected_freed_size", "freed_bytes", "locks_removed",
-                              "orphans_busy", "orphans_removed", "planned_bytes", "removed"]
+                              "orphans_busy", "orphans_removed", "planned_bytes", "removed", "shared_kept",
+                              "shared_removed"]
     assert result["changed"] is True and result["absent"] == ["org/absent"] and result["freed_bytes"] is None
     assert [r["item"] for r in result["removed"]] == ["org/two", str(models / "plain")]
     assert result["planned_bytes"] == sum(r["bytes"] for r in result["removed"])
