@@ -20,8 +20,9 @@ description:
     file, no hashing) and which blobs are missing, with their bytes.
   - O(state=copied) pulls the missing blobs from O(source) with C(rsync) over SSH (host key checking
     on), by name and never over an existing file, under the repository lock hf_snapshot takes
-    (C(<cache>/.locks/<repo folder>/modelswap.lock)); makes the snapshot's links here from O(files);
-    hashes every file; then writes the verified manifest (format C(modelswap.hf_snapshot/1), as
+    (C(<cache>/.locks/<repo folder>/modelswap.lock)), into a staging folder
+    (C(<cache>/.locks/<repo folder>/peer-incoming)); checks and hashes every blob; only then publishes
+    the received ones, makes the snapshot's links here from O(files), and writes the verified manifest (format C(modelswap.hf_snapshot/1), as
     M(modelswap.vllm.hf_snapshot) writes it, so hf_snapshot, vllm_service and the next run see the
     snapshot verified), the ref of O(revision), and C(fetched.<record_name>) in the deployment record.
     Nothing is done when the manifest already vouches for the files.
@@ -37,6 +38,27 @@ description:
     nothing else uses are removed, so the host stops claiming the snapshot (C(bad_content)).
   - The manifest written after a copy lists only the expected files (the patterns that selected them
     are recorded); hf_snapshot uses that list only for the same patterns.
+  - A peer sends bytes, never links or special files - rsync runs with C(--times --no-links --no-devices
+    --no-specials --ignore-existing --files-from), not C(--archive), so the peer chooses no symlink,
+    device, FIFO, owner, group or mode here (files get this host's umask, as huggingface_hub's own).
+    Every blob - received or already here - is opened with C(O_NOFOLLOW) (each folder on the way too)
+    and C(fstat)ed before it is hashed from that descriptor; a symbolic link, directory, FIFO, socket or
+    device is refused (a received one fails the copy as C(bad_copy), naming the file and what it is;
+    the peer is blamed and another peer tried). The one link accepted is one this host's own
+    huggingface_hub made - C(blobs/<sha256>) into the cache's marked shared Xet store
+    (C(<cache>/blobs/<xx>/<xet hash>)), whose entry is then opened the same way.
+  - A peer that downloaded through hf_xet (huggingface_hub 2.4) keeps each payload once per cache at
+    C(<cache>/blobs/<xx>/<xet hash>) and C(models--o--n/blobs/<sha256>) is a relative link to it. A dry
+    run lists the peer's entries with their link targets; a link into that store is pulled by the
+    store entry's own name (a link elsewhere is refused as C(bad_copy)). rsync's C(--copy-links) is not
+    used - rrsync refuses it under a restricted folder, and it would follow any link the peer has.
+  - A received blob is published here as a regular repository blob C(models--o--n/blobs/<sha256>) (a
+    hard link of the checked file, never over an existing entry) - the entry huggingface_hub 2.4
+    reads and purges like any download made without the shared store. It is not put into this
+    host's shared Xet store - the store is keyed by the Xet hash, which the Hub's listing (O(files))
+    does not carry, and huggingface_hub offers no documented way to publish into it (its functions
+    live in the private C(huggingface_hub.utils._shared_blobs)); the cost is that a blob this host also
+    gets later through hf_xet for another repository is stored twice.
 extends_documentation_fragment:
   - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
@@ -100,6 +122,16 @@ options:
   source_cache_dir:
     description: The hub cache on the peer; empty for the same path as O(cache_dir).
     type: path
+  source_root:
+    description:
+      - The folder the peer serves this host's key from, read-only, through the forced command
+        C(rrsync -ro <source_root>) in its C(authorized_keys) (least privilege - see notes); the
+        peer's files are then named relative to it, and O(source_cache_dir) must be that folder or
+        under it. Usually the peer's cache folder itself.
+      - Empty when the peer's key is not restricted (a plain SSH login that runs C(rsync --server));
+        the peer's files are then named by their absolute path.
+    type: str
+    default: ""
   source_user:
     description: The user to log in as on the peer (it must read the peer's cache).
     type: str
@@ -170,6 +202,12 @@ requirements:
 notes:
   - The copy pulls from the peer, so the SSH trust runs from the receiving host to the peer - its key
     (O(ssh_key)) in the peer's C(authorized_keys), the peer's host key in its known hosts.
+  - Least privilege on the peer - the key is accepted only with a forced command that serves the cache
+    read-only, from the site's network, with no shell, forwarding or terminal -
+    C(from="10.0.0.0/24",restrict,command="/usr/bin/rrsync -ro /var/lib/modelswap/hf/hub" ssh-ed25519 AAAA... modelswap-peer)
+    (rrsync ships with Debian's and Ubuntu's rsync package since 3.2.4), and O(source_root) set to that
+    folder. Holding the key then lets one read the peer's cache, not log in as root
+    (roles/model_fetch/README.md, Peer access).
   - Hashing is the cost of trusting nothing - about 0.75 GB/s per core with Python's hashlib
     (docs/huggingface.md), done after the copy.
 seealso:
@@ -311,6 +349,7 @@ def main():
             source=dict(type="str"),
             source_name=dict(type="str", default=""),
             source_cache_dir=dict(type="path"),
+            source_root=dict(type="str", default=""),
             source_user=dict(type="str", default="root"),
             source_port=dict(type="int", default=22),
             ssh_key=dict(type="path"),
@@ -335,7 +374,8 @@ def main():
     try:
         if p["state"] == "copied" and not module.check_mode:
             copier = peer_snapshot.rsync_copier(
-                HostCommands.of(module), source=p["source"], user=p["source_user"], port=p["source_port"],
+                HostCommands.of(module), source_cache_dir=p["source_cache_dir"] or p["cache_dir"],
+                serve_root=p["source_root"] or "", source=p["source"], user=p["source_user"], port=p["source_port"],
                 ssh_key=p["ssh_key"] or "", known_hosts=p["known_hosts"] or "",
                 connect_timeout=p["connect_timeout"], io_timeout=p["io_timeout"], bwlimit=p["bwlimit"])
         result = peer_snapshot.run(p, copier=copier, check_mode=module.check_mode)

@@ -26,6 +26,9 @@ FINAL = "Check the target here, one stat per file, and record it"
 SHOW = "Show where each host's bytes come from"
 OUTCOME = "Show where the bytes came from"
 STORE_PATH = "/var/lib/modelswap/hf/hub"
+# What each host serves to the others with the peer key (labctl.peer_authorized_key: rrsync -ro this
+# folder): the store and the tests' caches (workdir) are under it.
+SERVE_ROOT = peerlab.labctl.PEER_SERVE_ROOT_IN_HOST
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def plab():
 
 @pytest.fixture
 def workdir(plab):
-    name = "/var/lib/modelswap-test/peers-%s" % secrets.token_hex(4)
+    name = "%s/test-peers-%s" % (SERVE_ROOT, secrets.token_hex(4))
     yield name
     for host in plab.hosts:
         plab.ssh(host, "rm -rf %s" % shlex.quote(name), check=False)
@@ -56,7 +59,8 @@ def fetch_vars(lab, workdir, serve="tiny-b", cache=None, **more) -> dict:
            "model_fetch_endpoint": lab.hub_url, "model_fetch_use_xet": False,
            "model_fetch_python": peerlab.HF_VENV + "/bin/python",
            "model_fetch_cache_dir": cache or workdir + "/hub", "model_fetch_progress_dir": workdir + "/progress",
-           "model_fetch_record": workdir + "/deployment.json", "model_fetch_poll_interval": 1}
+           "model_fetch_record": workdir + "/deployment.json", "model_fetch_poll_interval": 1,
+           "model_fetch_peer_serve_root": SERVE_ROOT}
     out.update(more)
     return out
 
@@ -164,7 +168,9 @@ def test_a_corrupt_source_is_caught_its_copy_discarded_and_taken_from_another(pl
     bad = done(run, COPY, "gpu4")[0]
     assert bad["cause"] == "bad_copy" and bad["copied"]["from"] == "gpu2"
     assert "copied from gpu2 do not match" in bad["msg"] and "model.safetensors" in bad["msg"]
-    assert any(p.endswith("/snapshots/%s/model.safetensors" % commit) for p in bad["removed"])
+    # checked before it was published: nothing of the bad copy reached gpu4's store
+    assert "nothing of the copy was published" in bad["msg"] and bad["removed"] == []
+    assert bad["verification"]["failures"][0]["path"] == "model.safetensors"
     retried = done(run, COPY, "gpu4")[-1]
     assert retried["verified"] is True and retried["copied"]["from"] in ("gpu1", "gpu3")
     outcome = debug_msgs(run, OUTCOME)[0]
@@ -229,7 +235,7 @@ def test_the_migrations_preview_says_where_each_hosts_bytes_come_from(plab, work
     for host in SITE:        # the site's hosts plan a store of their own that does not hold tiny-b yet
         lab.ssh(host, "rm -rf /var/lib/modelswap/hf/hub/models--lab--tiny-b", check=False)
     out = runner.preview(str(inv / "hosts.yml"), serve="tiny-b", extra_vars={
-        "modelswap_models": catalog(lab), "model_fetch_peers": True,
+        "modelswap_models": catalog(lab), "model_fetch_peers": True, "model_fetch_peer_serve_root": SERVE_ROOT,
         "modelswap_results_dir": str(tmp_path / "results")})
     assert out["ok"], out["run"]["failures"]
     fetch = {h: {s["step"]: s for s in out["plan"][h]["steps"]}["fetch"] for h in lab.hosts}

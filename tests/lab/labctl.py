@@ -133,7 +133,9 @@ class Lab:
 
     @property
     def peer_key(self) -> Path:
-        """The key the hosts use to reach each other (lab only: every host trusts it)."""
+        """The key the hosts use to reach each other: every host holds it, and every host accepts it
+        only from the lab's network, for a read-only rsync of PEER_SERVE_ROOT_IN_HOST
+        (``peer_authorized_key``): holding it is not root on the other hosts."""
         return self.state_dir / "ssh" / "peer_ed25519"
 
     @property
@@ -398,6 +400,22 @@ def ensure_base() -> Path:
 
 # --------------------------------------------------------------------------- hosts
 
+# What a host serves to the others with the peer key: read-only, through rrsync (shipped with the
+# base's rsync, /usr/bin/rrsync). The folder of the hosts' model store and of the peer tests'
+# caches (tests/integration/test_peers_lab.py), which the inventory names as modelswap_peer_serve_root.
+PEER_SERVE_ROOT_IN_HOST = "/var/lib/modelswap"
+
+
+def peer_authorized_key(public_key: str, network: str, root: str = PEER_SERVE_ROOT_IN_HOST) -> str:
+    """The peer key's authorized_keys line: from the lab's network only, no shell, terminal or
+    forwarding (``restrict``), and one command whatever the client asks - rrsync serving ``root``
+    read-only (roles/model_fetch/README.md, Peer access). The admin key's line stays unrestricted."""
+    key = " ".join(public_key.split())
+    if not key.startswith("ssh-") or '"' in network + root or " " in network + root:
+        raise LabError(f"cannot restrict the peer key {key[:30]!r} to {network} and {root}")
+    return f'from="{network}",restrict,command="/usr/bin/rrsync -ro {root}" {key}\n'
+
+
 def ensure_ssh_key(lab: Lab) -> None:
     for key, comment in ((lab.ssh_key, f"modelswap-lab-{lab.name}"),
                          (lab.peer_key, f"modelswap-lab-{lab.name}-peer")):
@@ -424,8 +442,9 @@ def make_host_tree(lab: Lab, host: str, base: Path) -> None:
         f"LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh_dir / "authorized_keys").write_text(Path(f"{lab.ssh_key}.pub").read_text()
-                                             + Path(f"{lab.peer_key}.pub").read_text())
+    (ssh_dir / "authorized_keys").write_text(
+        Path(f"{lab.ssh_key}.pub").read_text()
+        + peer_authorized_key(Path(f"{lab.peer_key}.pub").read_text(), f"{lab.subnet}.0/24"))
     os.chmod(ssh_dir / "authorized_keys", 0o600)
     peer = root / PEER_KEY_IN_HOST.lstrip("/")
     peer.write_bytes(lab.peer_key.read_bytes())

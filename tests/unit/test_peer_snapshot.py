@@ -39,26 +39,46 @@ def expected(files=FILES):
 
 
 class Copier:
-    """``rsync --archive --ignore-existing --files-from`` between two local folders; counts calls."""
+    """What peer_snapshot's rsync copier does, between two local folders: a blob that is a regular
+    file, or huggingface_hub's link into the peer's shared Xet store (pulled by the store entry's
+    name), lands in the staging folder; any other entry is refused; counts calls. ``source``: the
+    peer's cache (``job`` sets it)."""
 
-    def __init__(self, rc=0):
+    def __init__(self, rc=0, source=None):
         self.calls = []
         self.rc = rc
+        self.source = source
 
-    def __call__(self, names, source_repo, dest_repo, lock_dir):
+    def __call__(self, names, folder, staging, lock_dir):
         self.calls.append(list(names))
-        assert os.path.isdir(lock_dir)
-        rc = self.rc
+        assert os.path.isdir(lock_dir) and os.path.isdir(staging)
+        out = {"rc": self.rc, "stderr": "", "files": {}, "refused": {}}
+        if self.rc:
+            out["stderr"] = "ssh: connect to host 10.0.0.11 port 22: Connection refused"
+            return out
         for name in names:
-            src = os.path.join(source_repo, "blobs", name)
-            dest = os.path.join(dest_repo, "blobs", name)
-            if not os.path.exists(src):
-                rc = rc or 23
+            rel = "%s/blobs/%s" % (folder, name)
+            src = os.path.join(self.source, rel)
+            if not os.path.lexists(src):
+                out["rc"] = 23
+                out["stderr"] = "rsync: link_stat \"%s\" failed: No such file or directory (2)" % rel
                 continue
+            if os.path.islink(src):
+                rel = peer_snapshot.shared_entry(folder, os.readlink(src))
+                if rel is None:
+                    out["refused"][name] = "a symbolic link to %r" % os.readlink(src)
+                    continue
+                src = os.path.join(self.source, rel)
+            elif not os.path.isfile(src):
+                out["refused"][name] = "not a regular file"
+                continue
+            out["files"][name] = rel
+            dest = os.path.join(staging, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
             if not os.path.lexists(dest):
-                shutil.copy2(src, dest + ".tmp")
+                shutil.copyfile(src, dest + ".tmp")
                 os.replace(dest + ".tmp", dest)
-        return rc, "", "rsync: link_stat \"%s\" failed: No such file or directory (2)" % names[0] if rc else ""
+        return out
 
 
 @pytest.fixture
@@ -75,6 +95,8 @@ def job(cache, peer_cache=None, copier=None, **opts):
         opts.setdefault("source", "10.0.0.11")
         opts.setdefault("source_name", "gpu1")
         opts.setdefault("source_cache_dir", str(peer_cache))
+        if copier is not None and getattr(copier, "source", "") is None:
+            copier.source = str(peer_cache)
     return peer_snapshot.PeerJob(REPO, COMMIT, copier=copier, cache_dir=str(cache), files=expected(),
                                  revision="main", **opts)
 
@@ -270,22 +292,22 @@ def test_lfs_entries_get_the_pointer_blob_id_the_hub_lists():
 
 
 @pytest.mark.parametrize("kwargs, tail, rsh", [
-    ({}, ["root@10.0.0.11:/src/models--lab--tiny-b/", "/dst/models--lab--tiny-b/"],
+    ({}, ["root@10.0.0.11:/src/", "/dst/peer-incoming/"],
      "ssh -p 22 -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10"),
     ({"ssh_key": "/root/.ssh/modelswap_peer", "known_hosts": "/etc/ssh/peers", "port": 2222, "bwlimit": 50000,
-      "source": "fd00::11", "user": "fetch"},
-     ["--bwlimit=50000", "fetch@[fd00::11]:/src/models--lab--tiny-b/", "/dst/models--lab--tiny-b/"],
+      "source": "fd00::11", "user": "fetch", "source_path": ""},
+     ["--bwlimit=50000", "fetch@[fd00::11]:", "/dst/peer-incoming/"],
      "ssh -p 2222 -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=10 -i /root/.ssh/modelswap_peer "
      "-o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/ssh/peers"),
 ])
 def test_the_rsync_command_line(kwargs, tail, rsh):
-    args = dict(source="10.0.0.11", user="root", port=22, source_repo="/src/models--lab--tiny-b",
-                dest_repo="/dst/models--lab--tiny-b", list_file="/l.txt")
+    args = dict(source="10.0.0.11", user="root", port=22, source_path="/src/", dest="/dst/peer-incoming",
+                list_file="/l.txt")
     args.update(kwargs)
     argv = peer_snapshot.rsync_argv("/usr/bin/rsync", **args)
-    assert argv[:5] == ["/usr/bin/rsync", "--archive", "--ignore-existing", "--files-from=/l.txt", "--timeout=300"]
-    assert argv[5] == "--rsh=" + rsh
-    assert argv[6:] == tail
+    assert argv[:9] == ["/usr/bin/rsync", "--times", "--no-links", "--no-devices", "--no-specials",
+                        "--ignore-existing", "--files-from=/l.txt", "--timeout=300", "--rsh=" + rsh]
+    assert argv[9:] == tail
 
 
 def test_the_module_reads_in_check_mode_and_names_a_missing_source(tmp_path):
