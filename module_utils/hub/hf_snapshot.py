@@ -44,6 +44,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_clie
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import (
     HolderWatch, process_start, read_json_object)
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
     StoreError,
@@ -267,10 +268,24 @@ class CacheLayout:
             if name in users:
                 self.kept.append({"blob": name, "because": users[name]})
                 continue
+            payload = model_store.link_payload(self.root, p) if os.path.islink(p) else None
             if os.path.lexists(p):
                 os.unlink(p)
                 removed.append(p)
+            if payload:
+                removed += self._remove_payload(payload)
         return removed
+
+    def _remove_payload(self, payload: str) -> list:
+        """A bad blob that linked into the shared (Xet) store: hf_xet checks sizes only, so its
+        payload holds the same wrong bytes under the right name, and huggingface_hub would link it
+        again on the retry. It goes when no other link in the cache still reaches it."""
+        links = model_store.shared_references(self.root)[0].get(payload, ())
+        gone, why = model_store.remove_shared_payload(self.root, payload, links)
+        if why and os.path.lexists(payload):
+            self.kept.append({"blob": os.path.basename(payload), "because": why})
+            return []
+        return [payload] if gone or not os.path.lexists(payload) else []
 
     def blob_users(self, commit: str) -> dict:
         """{blob name: why it must stay}: blobs that snapshot links lead to, and blobs that the

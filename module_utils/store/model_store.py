@@ -173,7 +173,7 @@ def _is_reg(path: str) -> bool:
         return False
 
 
-def _link_payload(cache_dir: str, link: str):
+def link_payload(cache_dir: str, link: str):
     """The payload the symlink ``link`` points to (its target resolved lexically, as
     huggingface_hub's _shared_blob_target does), or None."""
     try:
@@ -212,7 +212,7 @@ def shared_references(cache_dir: str) -> tuple:
                         continue
                 except OSError:
                     continue
-                payload = _link_payload(cache_dir, entry.path)
+                payload = link_payload(cache_dir, entry.path)
                 if payload:
                     refs.setdefault(payload, set()).add(entry.path)
     return refs, complete
@@ -241,7 +241,7 @@ def manifest_references(cache_dir: str, payload: str):
         if not line or os.path.isabs(line) or ".." in line.split("/"):
             continue
         link = os.path.join(cache_dir, *line.split("/"))
-        if os.path.islink(link) and _link_payload(cache_dir, link) == payload:
+        if os.path.islink(link) and link_payload(cache_dir, link) == payload:
             out.add(link)
     return out
 
@@ -306,7 +306,7 @@ def remove_shared_payload(cache_dir: str, payload: str, links=()) -> tuple:
             return 0, ""
         if not stat.S_ISREG(st.st_mode):
             return 0, "it is not a regular file"
-        live = sorted(link for link in links if _link_payload(cache_dir, link) == payload)
+        live = sorted(link for link in links if link_payload(cache_dir, link) == payload)
         if live:
             return 0, "%s still links to it" % live[0]
         manifest = manifest_references(cache_dir, payload)
