@@ -106,9 +106,20 @@ def flip_a_byte(lab, host, path):
                   "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\nEOF" % shlex.quote(path))
 
 
-def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir):
+def uplink(lab, since, repo):
+    """Every request that carried file bytes from the Hub (resolve GETs and, over Xet, the CAS's
+    xorb ranges), per client address."""
+    return [e for e in lab.hub.requests(since=since)
+            if e["method"] == "GET" and repo in (e.get("repo") or e["path"])
+            and (("/resolve/" in e["path"] and repo in e["path"]) or e.get("endpoint") == "xet-xorb")]
+
+
+@pytest.mark.parametrize("use_xet", [False, True], ids=["http", "xet"])
+def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir, use_xet):
+    """Over Xet the first host's repo blobs are links into its cache-wide store; the peers that copy
+    from it get the bytes as regular blobs (never the links), verified before they are published."""
     lab, commit = plab, plab.models["tiny-b"]["commit"]
-    ev = fetch_vars(lab, workdir)
+    ev = fetch_vars(lab, workdir, model_fetch_use_xet=use_xet)
     limit = ",".join(SITE)
     since = mark(lab)
     preview = lab.playbook("playbooks/fetch.yml", ev, check=True, limit=limit)
@@ -125,11 +136,16 @@ def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir):
     since = mark(lab)
     run = lab.playbook("playbooks/fetch.yml", ev, limit=limit)
     assert run.rc == 0, run.stdout[-6000:]
-    got = bodies(lab, since, "lab/tiny-b")
     files = manifest_of(lab, "gpu1", workdir + "/hub", commit)["files"]
-    assert sorted(e["path"].split("/resolve/%s/" % commit)[1] for e in got) == sorted(files)   # each body once
-    assert {e["client"] for e in got} == {lab.address("gpu1")}
-    assert sum(e["bytes_sent"] for e in got) == sum(f["size"] for f in files.values()) == 7116181
+    assert {e["client"] for e in uplink(lab, since, "lab/tiny-b")} == {lab.address("gpu1")}
+    if use_xet:      # the weights came as xorb ranges, only the small files through resolve
+        assert [e for e in uplink(lab, since, "lab/tiny-b") if e.get("endpoint") == "xet-xorb"]
+        assert lab.ssh("gpu1", "readlink %s/hub/models--lab--tiny-b/blobs/%s" % (
+            workdir, files["model.safetensors"]["digest"])).stdout.startswith("../../blobs/")
+    else:
+        got = bodies(lab, since, "lab/tiny-b")
+        assert sorted(e["path"].split("/resolve/%s/" % commit)[1] for e in got) == sorted(files)   # each body once
+        assert sum(e["bytes_sent"] for e in got) == sum(f["size"] for f in files.values()) == 7116181
     outcome = debug_msgs(run, OUTCOME)[0]
     assert outcome[-1] == "in all: 6.8 MiB from the Hub, 20.4 MiB between hosts"
     assert outcome[:4] == ["gpu1: from the Hub, 6.8 MiB (round 1)", "gpu2: from gpu1, 6.8 MiB (round 2)",
@@ -147,11 +163,15 @@ def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir):
         assert lab.ssh(host, "readlink %s/config.json" % snapshot).stdout.strip().startswith("../../blobs/")
     copied = done(run, COPY, "gpu4")[-1]
     assert copied["copied"]["from"] == "gpu2" and copied["verification"]["files"] == len(files)
+    for host in SITE[1:]:      # copies are bytes: regular blobs, no links, no special files
+        kinds = lab.ssh(host, "find %s/hub/models--lab--tiny-b/blobs -mindepth 1 -printf '%%y\\n' | sort -u"
+                        % workdir).stdout.split()
+        assert kinds == ["f"], (host, kinds)
 
     since = mark(lab)
     again = lab.playbook("playbooks/fetch.yml", ev, limit=limit)
     assert again.rc == 0 and all(again.changed(h) == 0 for h in SITE), again.stdout[-4000:]
-    assert bodies(lab, since, "lab/tiny-b") == []
+    assert uplink(lab, since, "lab/tiny-b") == []
 
 
 def test_a_corrupt_source_is_caught_its_copy_discarded_and_taken_from_another(plab, workdir):
