@@ -1,6 +1,6 @@
 """Benchmark: one download per site (model_fetch with peers) against every host from the Hub.
 
-    .venv/bin/python tests/bench/bench_peers.py [--hosts 4,8] [--big-mib 128] [--json FILE]
+    .venv/bin/python tests/bench/bench_peers.py [--hosts 4,8] [--big-mib 128] [--xet] [--json FILE]
 
 Runs on the peer lab (tests/lab/peerlab.py: reused when one of at least 8 hosts is up, else
 brought up for the run and torn down after). For each model (the lab's tiny-b, 6.8 MiB in 7
@@ -12,7 +12,8 @@ playbooks/fetch.yml into a fresh cache folder on every host twice:
   peers   model_fetch_peers true: gpu1 downloads, the others copy from verified hosts in rounds
 
 and prints the wall time of the playbook and the bytes of file content the Hub served (its request
-log). Every host of both modes gets huggingface_hub first (not timed).
+log: resolve bodies and, with --xet, where hosts download through hf_xet as from huggingface.co,
+the CAS's xorb ranges). Every host of both modes gets huggingface_hub first (not timed).
 
 What it can and cannot show here: the Hub's bytes are the point (N snapshots against one), and
 they do not depend on the machine. The wall times do: the lab's hosts, its Hub and the
@@ -48,17 +49,19 @@ def big_files(mib: int) -> dict:
 
 def hub_bytes(lab, since: int, repo: str) -> tuple:
     got = [e for e in lab.hub.requests(since=since)
-           if e["method"] == "GET" and "/resolve/" in e["path"] and repo in e["path"]]
+           if e["method"] == "GET" and ((e.get("endpoint") == "resolve" and repo in e["path"])
+                                        or (e.get("endpoint") == "xet-xorb" and e.get("repo") == repo))]
     return sum(e.get("bytes_sent") or 0 for e in got), len(got)
 
 
-def one_run(lab, catalog, model, repo, hosts, peers: bool) -> dict:
-    work = "/var/lib/modelswap-test/bench-peers-%s" % secrets.token_hex(4)
+def one_run(lab, catalog, model, repo, hosts, peers: bool, xet: bool = False) -> dict:
+    # under the folder each host serves to its peers (read-only, through rrsync: labctl.peer_authorized_key)
+    work = "%s/bench-peers-%s" % (peerlab.labctl.PEER_SERVE_ROOT_IN_HOST, secrets.token_hex(4))
     ev = {"modelswap_models": catalog, "modelswap_serve": model, "model_fetch_peers": peers,
-          "model_fetch_endpoint": lab.hub_url, "model_fetch_use_xet": False,
+          "model_fetch_endpoint": lab.hub_url, "model_fetch_use_xet": xet,
           "model_fetch_python": peerlab.HF_VENV + "/bin/python", "model_fetch_cache_dir": work + "/hub",
           "model_fetch_progress_dir": work + "/progress", "model_fetch_record": work + "/deployment.json",
-          "model_fetch_poll_interval": 1,
+          "model_fetch_poll_interval": 1, "model_fetch_peer_serve_root": peerlab.labctl.PEER_SERVE_ROOT_IN_HOST,
           # a folder of each host's own: gpu5 and gpu6 do not share it, whatever their store
           "model_fetch_store": ""}
     since = max((e["id"] for e in lab.hub.requests()), default=0)
@@ -81,6 +84,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="4,8", help="host counts, comma-separated (at most the lab's)")
     ap.add_argument("--big-mib", type=int, default=128, help="size of the synthetic model (0: tiny-b only)")
+    ap.add_argument("--xet", action="store_true", help="download through hf_xet (the lab Hub's CAS)")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     counts = [int(n) for n in args.hosts.split(",")]
@@ -97,14 +101,14 @@ def main() -> int:
         for model, repo in models:
             for n in counts:
                 for peers in (False, True):
-                    r = one_run(lab, catalog, model, repo, names[:n], peers)
+                    r = one_run(lab, catalog, model, repo, names[:n], peers, args.xet)
                     r.update(model=model, hosts=n, mode="peers" if peers else "hub")
                     rows.append(r)
-                    print("%-7s %2d hosts %-5s  wall %6.1f s   from the Hub %8.1f MiB (%d file bodies)   "
+                    print("%-7s %2d hosts %-5s  wall %6.1f s   from the Hub %8.1f MiB (%d requests)   "
                           "%.0f tasks per host" % (model, n, r["mode"], r["wall_s"], r["hub_bytes"] / 2**20,
                                                    r["hub_gets"], r["tasks_per_host"]), flush=True)
     print()
-    print("| model | hosts | mode | wall (s) | from the Hub (MiB) | file bodies from the Hub | tasks per host |")
+    print("| model | hosts | mode | wall (s) | from the Hub (MiB) | requests with bytes from the Hub | tasks per host |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print("| %s | %d | %s | %.1f | %.1f | %d | %.0f |" % (
