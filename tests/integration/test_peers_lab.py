@@ -174,23 +174,50 @@ def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir, use_
     assert uplink(lab, since, "lab/tiny-b") == []
 
 
-def test_a_corrupt_source_is_caught_its_copy_discarded_and_taken_from_another(plab, workdir):
+def link_with_the_right_bytes(lab, host, path, cache, commit):
+    """A compromised peer: its blob becomes an absolute symlink to a file of the same bytes (which
+    the receiver has too, at the same path), and its manifest vouches for it. rsync --archive
+    would have copied the link, and the hash read through it would have matched."""
+    lab.ssh(host, "python3 - %s %s %s <<'EOF'\nimport json, os, shutil, sys\n"
+                  "path, cache, commit = sys.argv[1:]\nblob = os.path.realpath(path)\n"
+                  "shutil.copyfile(blob, '/var/tmp/lure'); os.unlink(blob); os.symlink('/var/tmp/lure', blob)\n"
+                  "m = os.path.join(cache, 'models--lab--tiny-b', 'modelswap', commit + '.json')\n"
+                  "doc = json.load(open(m)); st = os.stat(path)\n"
+                  "doc['files']['model.safetensors'].update(size=st.st_size, ino=st.st_ino, dev=st.st_dev, "
+                  "mtime_ns=st.st_mtime_ns)\njson.dump(doc, open(m, 'w'))\nEOF"
+            % (shlex.quote(path), shlex.quote(cache), commit))
+
+
+@pytest.mark.parametrize("attack", ["flipped_byte", "symlink"])
+def test_a_corrupt_source_is_caught_its_copy_discarded_and_taken_from_another(plab, workdir, attack):
     lab, commit = plab, plab.models["tiny-b"]["commit"]
     ev = fetch_vars(lab, workdir)
     first = lab.playbook("playbooks/fetch.yml", ev, limit="gpu1,gpu2")
     assert first.rc == 0, first.stdout[-4000:]
     snapshot = "%s/hub/models--lab--tiny-b/snapshots/%s" % (workdir, commit)
     good = content_digests(lab, "gpu1", snapshot)
-    flip_a_byte(lab, "gpu2", snapshot + "/model.safetensors")     # gpu2 still claims it, by one stat
+    if attack == "flipped_byte":
+        flip_a_byte(lab, "gpu2", snapshot + "/model.safetensors")     # gpu2 still claims it, by one stat
+    else:
+        # the lure exists on the receiver too, with the right bytes
+        lab.ssh("gpu4", "curl -sf -o /var/tmp/lure %s/lab/tiny-b/resolve/%s/model.safetensors" % (lab.hub_url, commit))
+        link_with_the_right_bytes(lab, "gpu2", snapshot + "/model.safetensors", workdir + "/hub", commit)
     since = mark(lab)
     run = lab.playbook("playbooks/fetch.yml", ev, limit=",".join(SITE))
     assert run.rc == 0, run.stdout[-6000:]
     bad = done(run, COPY, "gpu4")[0]
-    assert bad["cause"] == "bad_copy" and bad["copied"]["from"] == "gpu2"
-    assert "copied from gpu2 do not match" in bad["msg"] and "model.safetensors" in bad["msg"]
-    # checked before it was published: nothing of the bad copy reached gpu4's store
-    assert "nothing of the copy was published" in bad["msg"] and bad["removed"] == []
-    assert bad["verification"]["failures"][0]["path"] == "model.safetensors"
+    assert bad["cause"] == "bad_copy" and bad["copied"]["from"] == "gpu2", bad
+    assert "model.safetensors" in bad["msg"] and bad["removed"] == []
+    if attack == "flipped_byte":
+        # checked before it was published: nothing of the bad copy reached gpu4's store
+        assert "copied from gpu2 do not match" in bad["msg"] and "nothing of the copy was published" in bad["msg"]
+        assert bad["verification"]["failures"][0]["path"] == "model.safetensors"
+    else:
+        # seen in the listing, before any byte moved: a link is never copied nor followed
+        assert "not regular files there" in bad["msg"] and "nothing was copied or published" in bad["msg"], bad["msg"]
+        assert lab.ssh("gpu4", "find %s/hub -lname '/var/tmp/*' | wc -l" % workdir).stdout.strip() == "0"
+        for host in ("gpu2", "gpu4"):
+            lab.ssh(host, "rm -f /var/tmp/lure", check=False)
     retried = done(run, COPY, "gpu4")[-1]
     assert retried["verified"] is True and retried["copied"]["from"] in ("gpu1", "gpu3")
     outcome = debug_msgs(run, OUTCOME)[0]
