@@ -46,7 +46,6 @@ Pure logic over plain values: a ``HostCommands`` runs rsync (tests pass a copier
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import re
@@ -60,6 +59,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manif
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import (
     CacheLayout, FetchError, RepoLock, available_bytes, confine)
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE, StoreError, validate_repo_id)
 
@@ -184,9 +184,7 @@ COPY_FLAGS = ("--times", "--no-links", "--no-devices", "--no-specials", "--ignor
 LIST_FLAGS = ("--dry-run", "--links", "--no-devices", "--no-specials", "--itemize-changes",
               "--out-format=%i|%n|%L")
 # huggingface_hub 2.4's cache-wide store of Xet payloads (utils/_shared_blobs.py): regular files
-# <cache>/blobs/<first 2 hex>/<xet hash>, marked by blobs/.huggingface-shared-blobs (content "1\n").
-SHARED_STORE = "blobs"
-SHARED_MARKER = ".huggingface-shared-blobs"
+# <cache>/blobs/<first 2 hex>/<xet hash>, in a store model_store.is_shared_store recognises.
 SHARED_ENTRY_RE = re.compile(r"^blobs/([0-9a-f]{2})/([0-9a-f]{64})$")
 # Where a copy lands before it is checked: under the repository's lock folder, on the cache's file
 # system (a checked file is published with a hard link, never a second copy of its bytes).
@@ -399,31 +397,14 @@ def open_regular(root: str, rel: str) -> tuple:
         os.close(dfd)
 
 
-def hash_fd(fd: int, algo: str, size: int) -> tuple:
-    """(hex digest, bytes read) of the open file ``fd``: sha256, or git's blob sha1 (``git-sha1``)."""
-    digest = hashlib.sha256() if algo == "sha256" else hashlib.sha1(b"blob %d\0" % size)
-    buf = bytearray(hf_verify.BUFFER_SIZE)
-    view = memoryview(buf)
-    total = 0
-    with os.fdopen(fd, "rb", buffering=0, closefd=False) as fh:
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            digest.update(view[:n])
-            total += n
-    return digest.hexdigest(), total
-
-
 def shared_link(layout, name: str):
     """``blobs/<xx>/<xet hash>`` when ``<repo>/blobs/<name>`` is huggingface_hub's link into this
     cache's marked shared Xet store (a link this host's own downloads made); else None."""
     try:
         target = os.readlink(os.path.join(layout.repo_path, "blobs", name))
-        marker = os.lstat(os.path.join(layout.root, SHARED_STORE, SHARED_MARKER))
     except OSError:
         return None
-    return shared_entry(layout.folder, target) if stat.S_ISREG(marker.st_mode) else None
+    return shared_entry(layout.folder, target) if model_store.is_shared_store(layout.root) else None
 
 
 def check_blob(layout, name: str, entry: dict, staged: str = "", staging: str = "") -> dict:
@@ -457,7 +438,7 @@ def check_blob(layout, name: str, entry: dict, staged: str = "", staging: str = 
         if st.st_size != int(entry["size"]):
             res["reason"] = "size %d, expected %d" % (st.st_size, int(entry["size"]))
             return res
-        digest, read = hash_fd(fd, algo, st.st_size)
+        digest, read = hf_verify.hash_fd(fd, algo, name=rel)
         res.update(digest=digest, hashed=read)
         if digest != expected:
             res["reason"] = "%s %s, expected %s" % (algo, digest, expected)

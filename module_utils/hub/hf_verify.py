@@ -134,33 +134,43 @@ def open_regular(path: str, nofollow: bool = False) -> int:
 
 def hash_file(path: str, algo: str, *, progress=None, cancel=None, nofollow: bool = False) -> tuple:
     """(hex digest, bytes read) of the regular file at ``path`` (symlinks followed unless
-    ``nofollow``; Untrusted for a FIFO, a device, a folder).
+    ``nofollow``; Untrusted for a FIFO, a device, a folder); hash_fd for the rest."""
+    if algo not in ALGOS:
+        raise ValueError("unknown digest algorithm %r" % (algo,))
+    fd = open_regular(path, nofollow)
+    try:
+        return hash_fd(fd, algo, progress=progress, cancel=cancel, name=path)
+    finally:
+        os.close(fd)
+
+
+def hash_fd(fd: int, algo: str, *, progress=None, cancel=None, name: str = "") -> tuple:
+    """(hex digest, bytes read) of the open regular file ``fd``, read to its end; ``fd`` stays open.
 
     ``algo``: ``sha256`` (LFS files) or ``git-sha1`` (git's blob id). ``progress(n)`` is called
-    after each buffer; ``cancel`` (a threading.Event) stops the read with ``Cancelled``.
+    after each buffer; ``cancel`` (a threading.Event) stops the read with ``Cancelled(name)``.
     """
     if algo not in ALGOS:
         raise ValueError("unknown digest algorithm %r" % (algo,))
     buf = _buffer()
     view = memoryview(buf)
     total = 0
-    with os.fdopen(open_regular(path, nofollow), "rb", buffering=0) as fh:
-        fd = fh.fileno()
-        size = os.fstat(fd).st_size
-        if algo == "sha256":
-            digest = hashlib.sha256()
-        else:
-            digest = hashlib.sha1()
-            digest.update(b"blob %d\0" % size)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):  # pragma: no cover - not on every platform
-            pass
+    size = os.fstat(fd).st_size
+    if algo == "sha256":
+        digest = hashlib.sha256()
+    else:
+        digest = hashlib.sha1()
+        digest.update(b"blob %d\0" % size)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):  # pragma: no cover - not on every platform
+        pass
+    with os.fdopen(fd, "rb", buffering=0, closefd=False) as fh:
         readinto = fh.readinto
         update = digest.update
         while True:
             if cancel is not None and cancel.is_set():
-                raise Cancelled(path)
+                raise Cancelled(name)
             n = readinto(buf)
             if not n:
                 break
