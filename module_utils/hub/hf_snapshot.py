@@ -32,6 +32,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -170,20 +171,36 @@ class _LibraryLog(logging.Handler):
 # --------------------------------------------------------------------------------------------
 # errors
 # --------------------------------------------------------------------------------------------
+# hf_xet reports a failed write of this host as a RuntimeError that carries Rust's io::Error text:
+# "File reconstruction error: IO Error: No space left on device (os error 28)"
+RUST_OS_ERROR_RE = re.compile(r"\(os error (\d+)\)")
+
+
+def os_errno(exc):
+    """The errno of an OSError, or of an I/O error hf_xet raised as a RuntimeError; else None."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    if isinstance(exc, RuntimeError):
+        found = RUST_OS_ERROR_RE.findall(str(exc))
+        return int(found[-1]) if found else None
+    return None
+
+
 def classify(exc, hf, *, repo_id: str, revision: str, where: str, token_given: bool,
              what: str, dest: str = "") -> FetchError:
     """A FetchError for an exception raised while doing ``what``: the Hub's failures as
     hub_client classifies them, this host's (a full disk, a folder it cannot write) here."""
     def local(e):
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        code = os_errno(e)
+        if code in (errno.ENOSPC, errno.EDQUOT):
             return FetchError(
                 "%s: the disk is full (%s) under %s; free space (disk_plan proposes what to purge, "
                 "model_purge removes it) or choose another cache_dir/local_dir, then run again"
-                % (what, os.strerror(e.errno), dest or "the destination"), "disk_full")
-        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                % (what, os.strerror(code), dest or "the destination"), "disk_full")
+        if code in (errno.EACCES, errno.EPERM, errno.EROFS):
             return FetchError(
                 "%s: cannot write under %s (%s); make it writable for uid %d or choose another "
-                "destination" % (what, dest or "the destination", os.strerror(e.errno), os.getuid()),
+                "destination" % (what, dest or "the destination", os.strerror(code), os.getuid()),
                 "not_writable")
         return None
 
@@ -1189,8 +1206,7 @@ class SnapshotJob:
             pool.shutdown(wait=True, cancel_futures=True)
             verifier.shutdown(cancel=bool(failures))
         if self.progress is not None:
-            out["bytes_downloaded"] = self.progress.data.get("bytes_transferred") or \
-                self.progress.data.get("bytes_done", 0)
+            out["bytes_downloaded"] = self.progress.data.get("bytes_written", 0)
             out["bytes_received"] = self.progress.data.get("bytes_received", 0)
         out["download_seconds"] = (last_fetch - first_fetch) if first_fetch and last_fetch else 0.0
         out["verify_seconds"] = (last_verify - first_verify) if first_verify and last_verify else 0.0

@@ -112,7 +112,7 @@ class Progress:
         self.data = {
             "id": run_id, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
             "state": "starting", "repo_id": None, "revision": None, "commit": None,
-            "bytes_total": 0, "bytes_done": 0, "bytes_transferred": 0, "bytes_received": 0,
+            "bytes_total": 0, "bytes_done": 0, "bytes_written": 0, "bytes_transferred": 0, "bytes_received": 0,
             "files_total": 0, "files_done": 0, "verified_files": 0, "verified_bytes": 0,
             "started_at": wall(), "error": None,
         }
@@ -134,6 +134,13 @@ class Progress:
         """Bytes written to a file being fetched (may be negative when a transfer restarts)."""
         with self._lock:
             self.data["bytes_done"] = max(0, self.data["bytes_done"] + n)
+
+    def add_written(self, n: int) -> None:
+        """Bytes this run wrote into files (a bar's content updates, without what a resume started
+        from; negative when a transfer restarts). Over Xet the transfer updates count the wire's
+        compressed bytes instead, so this, not them, is the files' bytes fetched by this run."""
+        with self._lock:
+            self.data["bytes_written"] = max(0, self.data["bytes_written"] + n)
 
     def add_transfer(self, n: int) -> None:
         with self._lock:
@@ -222,6 +229,7 @@ class Progress:
             def __init__(self, *args, **kwargs):
                 self.total = kwargs.get("total")
                 self.n = kwargs.get("initial") or 0
+                self._written = 0
                 self.desc = kwargs.get("desc")
                 self.disable = False
                 self.format_dict = {"rate": None}
@@ -238,6 +246,10 @@ class Progress:
                 n = int(n or 0)
                 self.n += n
                 progress.add_bytes(n)
+                # a rollback takes back only what this bar wrote, not what a resume started from
+                written = max(0, self._written + n)
+                progress.add_written(written - self._written)
+                self._written = written
                 progress.add_received(n, "data")
 
             def update_transfer(self, n=1):
@@ -357,8 +369,8 @@ def wait_progress(path: str, progress_id: str = "", results_file: str = "", wait
 # following the holder of a repository lock
 # --------------------------------------------------------------------------------------------
 # What moves while a download goes on: bytes arrive, files land, files are verified, phases change.
-MARK_KEYS = ("state", "bytes_done", "bytes_transferred", "bytes_received", "files_done", "verified_files",
-             "verified_bytes")
+MARK_KEYS = ("state", "bytes_done", "bytes_written", "bytes_transferred", "bytes_received", "files_done",
+             "verified_files", "verified_bytes")
 
 
 def progress_mark(data) -> tuple:

@@ -516,6 +516,7 @@ def migrate_record(host: str, run_id: str, target: str, plan: dict, timings: dic
         "purge": {"removed": len(_get(purge, "removed", default=[]) or []),
                   "planned_bytes": _get(purge, "planned_bytes"), "freed_bytes": _get(purge, "freed_bytes")},
         "fetch": {"commit": _get(fetch, "commit"), "bytes_downloaded": _get(fetch, "bytes_downloaded"),
+                  "bytes_received": _get(fetch, "bytes_received"),
                   "files_downloaded": _get(fetch, "files_downloaded"), "seconds": _get(fetch, "seconds"),
                   "mb_per_s": _get(fetch, "mb_per_s"), "verified": _get(fetch, "verification", "ok")},
         "swap": {"swapped": swapped, "replaced_model": _get(service, "replaced_model"),

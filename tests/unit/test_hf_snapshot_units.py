@@ -210,6 +210,25 @@ def test_progress_rate_eta_and_line():
     assert p.data["bytes_done"] == 100 * 1024 * 1024 and p.data["bytes_transferred"] == 7
 
 
+def test_bytes_written_counts_the_files_not_the_wire_nor_a_resume():
+    """bytes_downloaded comes from bytes_written: over Xet the transfer updates count compressed
+    chunks, and a resumed file's ``initial`` was written by an earlier run."""
+    p = hf_snapshot_progress.Progress(None, run_id="r")
+    xet = p.bar_class()(total=1000, initial=0)
+    xet.update_transfer(300)          # hf_xet: compressed bytes on the wire
+    xet.update(1000)                  # the file's bytes, reconstructed
+    resumed = p.bar_class()(total=500, initial=200)     # an .incomplete of 200 bytes resumed
+    resumed.update(300)
+    resumed.update_transfer(300)
+    restarted = p.bar_class()(total=100, initial=40)    # a server ignored the Range: back to byte 0
+    restarted.update(-40)
+    restarted.update_transfer(-40)
+    restarted.update(100)
+    restarted.update_transfer(100)
+    assert p.data["bytes_written"] == 1000 + 300 + 100
+    assert p.data["bytes_done"] == 1000 + 500 + 100
+
+
 def test_progress_file_and_reader(tmp_path):
     path = tmp_path / "p" / "progress.json"
     p = hf_snapshot_progress.Progress(str(path), run_id="r1", interval=0.2).start()
@@ -286,6 +305,12 @@ class FakeHF:
     (lambda: http_error("HfHubHTTPError", 400), "http_error", False, ["HTTP 400"]),
     (lambda: OSError(errno.ENOSPC, "No space left on device"), "disk_full", False, ["disk is full", "model_purge"]),
     (lambda: OSError(errno.EROFS, "Read-only file system"), "not_writable", False, ["cannot write under"]),
+    # hf_xet raises this host's I/O errors as RuntimeErrors with Rust's io::Error text
+    (lambda: RuntimeError("Task error: File reconstruction error: IO Error: No space left on device (os error 28)"),
+     "disk_full", False, ["disk is full (No space left on device) under /data"]),
+    (lambda: RuntimeError("File reconstruction error: IO Error: Disk quota exceeded (os error 122)"),
+     "disk_full", False, ["disk is full"]),
+    (lambda: RuntimeError("IO Error: Permission denied (os error 13)"), "not_writable", False, ["cannot write under"]),
     (lambda: OSError("Consistency check failed: file should be of size 3"), "short_transfer", True, ["ended short"]),
     (lambda: ConnectionRefusedError(111, "refused"), "unreachable", True, ["cannot reach"]),
     (lambda: RuntimeError("weird"), "error", False, ["RuntimeError: weird"]),
