@@ -74,7 +74,9 @@ options:
         C(org/name) (every revision), C(org/name@<commit>), a plain directory name under
         O(models_dir), or an absolute path in the store.
       - Unset means every unprotected item, least recently used first.
-      - A candidate that is not in the store, or is protected, is an error.
+      - A candidate that is protected, or is not in the store, is an error - except a catalog name
+        whose revision is not in the store (already purged, as on the rerun of an interrupted purge),
+        which is listed in RV(excluded) with C(rule=absent).
     type: list
     elements: str
   allow_served_purge:

@@ -816,13 +816,18 @@ def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=N
 
 
 def chosen_candidates(store, texts, *, models, protections, served_items, allow_served_purge: bool,
-                      reuse, device, target_name) -> list:
-    """The operator's candidates as store items, each checked; PlanError naming the first bad one."""
-    items = []
+                      reuse, device, target_name) -> tuple:
+    """The operator's candidates as store items, each checked, and the ``excluded`` rows of catalog
+    models that are not in the store (a rerun after they went: nothing left to purge of them);
+    PlanError naming the first bad one."""
+    items, absent = [], []
     for text in texts:
         try:
             item = resolve_item(store, text, models)
         except NotInStore as exc:
+            if isinstance(models, dict) and text in models:
+                absent.append({"item": text, "why": "%s: nothing to purge" % exc, "rule": "absent"})
+                continue
             raise PlanError("candidate %s; remove it from candidates (nothing was changed)" % exc)
         except PlanError as exc:
             raise PlanError("candidate %r: %s" % (text, exc))
@@ -843,7 +848,7 @@ def chosen_candidates(store, texts, *, models, protections, served_items, allow_
                             "room; remove it from candidates" % text)
         if item not in items:
             items.append(item)
-    return items
+    return items, absent
 
 
 def orphan_table(store, device, in_use) -> tuple:
@@ -899,9 +904,10 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
         items, excluded = all_candidates(store, protections, device, reuse)
         items = order_lru(store, items)
     else:
-        items = chosen_candidates(store, candidates, models=models, protections=protections,
-                                  served_items=state["served_items"], allow_served_purge=allow_served_purge,
-                                  reuse=reuse, device=device, target_name=target["name"])
+        items, excluded = chosen_candidates(store, candidates, models=models, protections=protections,
+                                            served_items=state["served_items"],
+                                            allow_served_purge=allow_served_purge,
+                                            reuse=reuse, device=device, target_name=target["name"])
     served_items = [i for i in state["served_items"] if i not in items]
     orphan_rows, reclaimable = orphan_table(store, device, orphan_in_use)
     shared_rows, shared_reclaimable = shared_table(store, device)

@@ -315,6 +315,21 @@ def test_only_the_served_model_would_make_room(world):
     assert du == res["planned_bytes"] == allowed["purge_bytes"] == measured
 
 
+@pytest.mark.hub
+def test_a_catalog_candidate_already_gone_is_excluded_and_a_name_the_store_lacks_refused(world):
+    """The rerun of a purge whose model went before (its payload's unlink was refused, say): the
+    catalog model is not in the cache, so nothing of it is left to purge and the plan goes on; a
+    name that is no catalog model and not in the store is a mistake, refused before anything."""
+    plan = ok(world.plan(candidates=["ghost", "lab/old"]))
+    [absent] = [r for r in plan["excluded"] if r.get("rule") == "absent"]
+    assert absent["item"] == "ghost" and "is not in the cache" in absent["why"], absent
+    assert [c["item"] for c in plan["candidates"]] == ["lab/old"]
+    fp = world.fingerprint()
+    bad = world.plan(candidates=["lab/nothere", "lab/old"])
+    assert bad.get("failed") and "remove it from candidates" in bad["msg"] and "lab/nothere" in bad["msg"], bad
+    assert world.fingerprint() == fp
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
