@@ -303,20 +303,23 @@ files_downloaded:
   type: int
 bytes_downloaded:
   description:
-    - Bytes of the files this run fetched (their sizes, as stored; a transfer that restarted counts once).
+    - Bytes of the files this run fetched (their sizes, as stored; a transfer that restarted counts once),
+      over Xet as over plain HTTP.
   returned: success
   type: int
 bytes_received:
   description:
     - Bytes that actually arrived over the network in this run, counted as they arrived. More than
       RV(bytes_downloaded) when a transfer restarted from byte 0 (a server ignored a resume's Range) or
-      a file was fetched again after a failed verification.
+      a file was fetched again after a failed verification. Over Xet this is what hf_xet received,
+      compressed chunks, so it can be less than RV(bytes_downloaded).
   returned: success
   type: int
 target_files:
   description:
-    - The selected files as C([{path, size, etag}]) (C(etag) - the LFS sha256, else the git blob id),
-      the Hub's listing of the commit after patterns. A check-mode run on the controller gives the
+    - The selected files as C([{path, size, etag, xet_hash}]) (C(etag) - the LFS sha256, else the git
+      blob id; C(xet_hash) only where the Hub stores the file with Xet), the Hub's listing of the
+      commit after patterns. A check-mode run on the controller gives the
       expected list that modelswap.vllm.peer_snapshot verifies copies against.
   returned: success
   type: list

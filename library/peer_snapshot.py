@@ -53,12 +53,16 @@ description:
     store entry's own name (a link elsewhere is refused as C(bad_copy)). rsync's C(--copy-links) is not
     used - rrsync refuses it under a restricted folder, and it would follow any link the peer has.
   - A received blob is published here as a regular repository blob C(models--o--n/blobs/<sha256>) (a
-    hard link of the checked file, never over an existing entry) - the entry huggingface_hub 2.4
-    reads and purges like any download made without the shared store. It is not put into this
-    host's shared Xet store - the store is keyed by the Xet hash, which the Hub's listing (O(files))
-    does not carry, and huggingface_hub offers no documented way to publish into it (its functions
-    live in the private C(huggingface_hub.utils._shared_blobs)); the cost is that a blob this host also
-    gets later through hf_xet for another repository is stored twice.
+    hard link of the checked file, never over an existing entry). With O(use_xet), a blob whose
+    O(files) entry has a C(xet_hash) is then moved into this cache's shared Xet store
+    (C(<cache>/blobs/<xx>/<xet hash>), the store made and marked if the cache has none) and the
+    repository blob becomes the relative link huggingface_hub's own Xet downloads make, its
+    reference written to C(<xet hash>.refs) under C(<xet hash>.lock) first - so a later download
+    through hf_xet of another repository with that file links it instead of storing it twice, and
+    huggingface_hub's purge and scan see a normal cache. The hash comes from the controller's listing,
+    never from the peer. As with huggingface_hub's own publish this is best effort - the blob stays a
+    regular repository blob when the store already has that payload (another repository's), its lock
+    is held, or C(<cache>/blobs) is a folder that is not a marked store (RV(shared_store)).
 extends_documentation_fragment:
   - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
@@ -100,6 +104,11 @@ options:
         description: Its blob name in the cache - the sha256 of an LFS file (64 hex), else the git blob sha1 (40 hex).
         type: str
         required: true
+      xet_hash:
+        description:
+          - The file's Xet hash (64 hex) where the Hub stores it with Xet - the name of its payload in a
+            shared Xet store (the Hub's C(xetHash), which hf_snapshot's RV(modelswap.vllm.hf_snapshot#module:target_files) carries).
+        type: str
   cache_dir:
     description: The Hugging Face hub cache on this host (the folder holding C(models--org--name)).
     type: path
@@ -182,6 +191,13 @@ options:
     description: Seconds to wait for another download of the repository to release its lock.
     type: int
     default: 3600
+  use_xet:
+    description:
+      - Whether this host's cache takes the Xet layout - a copied blob with a C(xet_hash) goes into the
+        cache's shared Xet store, as a download through hf_xet would put it (the role passes
+        C(model_fetch_use_xet)). Without it copies stay regular repository blobs, as plain HTTP downloads.
+    type: bool
+    default: true
   record:
     description: A deployment record in which to note C(fetched.<record_name>) once the snapshot is verified.
     type: path
@@ -288,6 +304,12 @@ links:
   description: Snapshot links made (C(created)) and wrong ones replaced (C(replaced)).
   returned: always
   type: dict
+shared_store:
+  description:
+    - Copied blobs moved into this cache's shared Xet store (C(published), a count) and those kept as
+      regular repository blobs (C(kept), each C(blob) and C(because)); see O(use_xet).
+  returned: always
+  type: dict
 cause:
   description:
     - Why the task failed - C(bad_copy), C(source_incomplete), C(copy_failed), C(local_bad), C(bad_content),
@@ -342,6 +364,7 @@ def main():
                 path=dict(type="str", required=True),
                 size=dict(type="int", required=True),
                 etag=dict(type="str", required=True),
+                xet_hash=dict(type="str"),
             )),
             cache_dir=dict(type="path", required=True),
             allow_patterns=dict(type="list", elements="str"),
@@ -364,6 +387,7 @@ def main():
             lock_timeout=dict(type="int", default=3600),
             record=dict(type="path"),
             record_name=dict(type="str"),
+            use_xet=dict(type="bool", default=True),
         ),
         required_if=[("state", "copied", ("source",))],
         required_together=[("record", "record_name")],

@@ -92,7 +92,7 @@ def lfs_pointer_oid(sha256: str, size: int) -> str:
 
 
 def expected_listing(files) -> dict:
-    """``{path: {"size", "blob_id", "lfs_sha256"?}}`` (hf_snapshot's tree entries) from ``files``.
+    """``{path: {"size", "blob_id", "lfs_sha256"?, "xet_hash"?}}`` (hf_snapshot's tree entries) from ``files``.
 
     An etag of 64 hex digits is an LFS file's sha256; one of 40 is a git blob sha1. Every path and
     id is checked (hub_trust) before it becomes a path on disk; PeerError names a bad entry.
@@ -116,6 +116,8 @@ def expected_listing(files) -> dict:
             listing[path] = {"size": size, "blob_id": lfs_pointer_oid(etag, size), "lfs_sha256": etag}
         else:
             listing[path] = {"size": size, "blob_id": etag}
+        if f.get("xet_hash") is not None:
+            listing[path]["xet_hash"] = f["xet_hash"]       # checked by listing_problems below
     problems = hub_trust.listing_problems(listing)
     if problems:
         raise PeerError("the expected file list has an unsafe entry: %s; nothing was written or deleted; %s"
@@ -515,6 +517,33 @@ def publish(layout, received: dict, staging: str, verified_stat: dict) -> list:
     return done
 
 
+def share(layout, wanted: dict, names) -> dict:
+    """Move each published blob of ``names`` that the Hub's listing gives a xet hash into this
+    cache's shared Xet store, leaving the link huggingface_hub's own Xet downloads leave
+    (model_store.publish_shared_payload). The hash comes from the controller's listing, never
+    from the peer: a wrong one would name another file in the store. Best effort, as
+    huggingface_hub's own publish: a blob that cannot be shared stays a regular repo blob."""
+    out = {"published": 0, "kept": []}
+    hashes = {}
+    for etag, paths in units(wanted).items():
+        xet_hash = wanted[paths[0]].get("xet_hash")
+        if xet_hash:
+            hashes[etag] = xet_hash
+    for name in sorted(names):
+        if name not in hashes:
+            continue
+        blob = os.path.join(layout.repo_path, "blobs", name)
+        try:
+            payload, why = model_store.publish_shared_payload(layout.root, blob, hashes[name])
+        except OSError as exc:
+            payload, why = None, str(exc)
+        if payload:
+            out["published"] += 1
+        else:
+            out["kept"].append({"blob": name, "because": why})
+    return out
+
+
 def discard(layout, commit: str, links: list, blobs: list) -> tuple:
     """Undo a copy: the links it made and this commit's links to ``blobs``, then those blobs
     unless something else uses them.
@@ -555,7 +584,7 @@ DEFAULTS = dict(
     state="read", revision="", cache_dir=None, files=None, allow_patterns=None, ignore_patterns=None,
     source="", source_name="", source_cache_dir="", source_root="", source_user="root", source_port=22, ssh_key="",
     known_hosts="", connect_timeout=10, io_timeout=300, bwlimit=0, store="", endpoint="",
-    verify_workers=0, rehash=False, lock_timeout=3600, record="", record_name="",
+    verify_workers=0, rehash=False, lock_timeout=3600, record="", record_name="", use_xet=True,
 )
 
 
@@ -606,6 +635,7 @@ class PeerJob:
             "verification": {"mode": "manifest" if look["verified"] else None, "ok": look["verified"],
                              "files": 0, "hashed_bytes": 0, "seconds": 0.0, "failures": []},
             "removed": [], "kept_blobs": [], "links": {"created": 0, "replaced": 0},
+            "shared_store": {"published": 0, "kept": []},
             "recorded": False, "changed": False,
         }
 
@@ -746,7 +776,9 @@ class PeerJob:
         if not failures:
             groups = units(self.wanted)
             checked = {n: verified[groups[n][0]] for n in received}
-            publish(layout, received, staging, checked)
+            published = publish(layout, received, staging, checked)
+            if self.o["use_xet"]:
+                out["shared_store"] = share(layout, self.wanted, published)
             if blame is not None:
                 links, replaced = make_links(layout, self.commit, self.wanted)
                 out["links"] = {"created": len(links), "replaced": len(replaced)}

@@ -17,6 +17,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import Progress
 
 ACTION = "hf_snapshot"
@@ -130,10 +131,8 @@ def planned_result(job, repo_id: str, revision: str) -> dict:
 
 
 def target_files(wanted: dict) -> list:
-    """The selected files as the controller-side listing gives them: ``[{"path", "size", "etag"}]``
-    (``etag``: the LFS sha256, else the git blob id), the expected list of peer_snapshot."""
-    return [{"path": path, "size": int(e["size"]), "etag": e.get("lfs_sha256") or e["blob_id"]}
-            for path, e in sorted(wanted.items())]
+    """The expected list of peer_snapshot (hub_client.target_files)."""
+    return hub_client.target_files(wanted)
 
 
 def manifest_verification(manifest: dict) -> dict:

@@ -312,6 +312,19 @@ def filter_paths(paths, allow_patterns=None, ignore_patterns=None) -> list:
     return kept
 
 
+def target_files(listing: dict) -> list:
+    """A listing as the expected file list that peer_snapshot and the disk plan take:
+    ``[{"path", "size", "etag", "xet_hash"?}]`` sorted by path (``etag``: the LFS sha256, else
+    the git blob id; ``xet_hash`` where the Hub stores the file with Xet)."""
+    out = []
+    for path, e in sorted(listing.items()):
+        row = {"path": path, "size": int(e["size"]), "etag": e.get("lfs_sha256") or e["blob_id"]}
+        if e.get("xet_hash"):
+            row["xet_hash"] = e["xet_hash"]
+        out.append(row)
+    return out
+
+
 def select(listing: dict, allow_patterns, ignore_patterns, repo_id: str, commit: str) -> dict:
     """{path: entry} kept by the patterns; HubError (empty_repo, no_match) when nothing is kept."""
     if not listing:

@@ -65,7 +65,7 @@ def id_problem(value, lfs: bool = False) -> str:
 
 
 def entry_problem(path, entry) -> str:
-    """Why one listing entry ``{path: {"size", "blob_id", "lfs_sha256"?}}`` is unusable ('' if fine)."""
+    """Why one listing entry ``{path: {"size", "blob_id", "lfs_sha256"?, "xet_hash"?}}`` is unusable ('' if fine)."""
     problem = path_problem(path)
     if problem:
         return "path %r %s" % (path, problem)
@@ -81,6 +81,9 @@ def entry_problem(path, entry) -> str:
         problem = id_problem(entry["lfs_sha256"], lfs=True)
         if problem:
             return "%r has LFS sha256 %r, which %s" % (path, entry["lfs_sha256"], problem)
+    if entry.get("xet_hash") is not None and not SHA256_RE.match(str(entry["xet_hash"])):
+        # it names a file of the cache-wide shared store: the same shape as a sha256
+        return "%r has xet hash %r, which is not 64 lowercase hex digits" % (path, entry["xet_hash"])
     return ""
 
 

@@ -462,9 +462,7 @@ def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=No
         if exc.kind in ("insecure_endpoint", "bad_listing", "no_match"):
             raise PlanError(str(exc))
         raise PlanError("%s; %s" % (exc, HUB_WAY_OUT))
-    files = [{"path": path, "size": e["size"], "etag": e.get("lfs_sha256") or e["blob_id"]}
-             for path, e in chosen.items()]
-    return {"commit": commit, "files": files, "source": source}
+    return {"commit": commit, "files": hub_client.target_files(chosen), "source": source}
 
 
 def target_needs(store, repo_id: str, commit: str, files, block_size: int,

@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import stat
 import threading
@@ -322,6 +323,102 @@ def remove_shared_payload(cache_dir: str, payload: str, links=()) -> tuple:
         _unlink_held(payload + ".lock", fd)
         return st.st_size, ""
     finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _shared_modes(cache_dir: str) -> tuple:
+    """(payload mode, folder mode) as huggingface_hub's _shared_blob_mode and
+    _shared_directory_mode give them: read-only payloads, readable by whoever may traverse the
+    cache root; folders with the cache root's own bits."""
+    cache_mode = stat.S_IMODE(os.stat(cache_dir).st_mode)
+    payload = 0o400 | (0o040 if cache_mode & stat.S_IXGRP else 0) | (0o004 if cache_mode & stat.S_IXOTH else 0)
+    return payload, cache_mode & (0o777 | stat.S_ISGID | stat.S_ISVTX)
+
+
+def _ensure_shared_store(cache_dir: str) -> str:
+    """Make ``<cache>/blobs`` the marked shared store if it does not exist yet ('' when it is one
+    now), as huggingface_hub's first Xet download does; a folder that exists unmarked is not
+    adopted (the reason)."""
+    if is_shared_store(cache_dir):
+        return ""
+    folder = shared_store_dir(cache_dir)
+    try:
+        os.mkdir(folder, _shared_modes(cache_dir)[1])
+    except FileExistsError:
+        return "%s exists and is not a marked shared store" % folder
+    marker = os.path.join(folder, SHARED_STORE_MARKER)
+    tmp = "%s.%08x.tmp" % (marker, os.getpid() & 0xFFFFFFFF)
+    with open(tmp, "x", encoding="utf-8") as fh:
+        fh.write(SHARED_STORE_LAYOUT)
+    os.chmod(tmp, _shared_modes(cache_dir)[0])
+    os.replace(tmp, marker)
+    return "" if is_shared_store(cache_dir) else "%s could not be marked" % folder
+
+
+def publish_shared_payload(cache_dir: str, blob: str, xet_hash: str) -> tuple:
+    """Move the verified regular repo blob ``blob`` (``<cache>/<repo folder>/blobs/<name>``) into
+    the cache-wide shared store as ``blobs/<xx>/<xet_hash>`` and leave a relative link in its
+    place, the layout huggingface_hub's Xet downloads make (its publish_blob_to_shared_store:
+    the reference appended to ``<hash>.refs`` before the link shows, under ``<hash>.lock``). The
+    file keeps its inode (a rename), so what vouched for it still does.
+
+    Returns (payload path, '') when published, (None, why) when the blob stays this repo's own
+    regular file, which huggingface_hub reads as well: the store cannot be made, someone holds the
+    payload's lock, or the store already has that payload (another repo's, whose links and
+    manifests vouch for that inode: it is neither replaced nor trusted for this one)."""
+    cache_dir = os.path.normpath(cache_dir)
+    if not XET_HASH_RE.match(xet_hash or ""):
+        return None, "%r is not a xet hash" % (xet_hash,)
+    relative = os.path.relpath(blob, cache_dir).replace(os.sep, "/")
+    parts = relative.split("/")
+    if len(parts) != 3 or parse_repo_folder(parts[0]) is None or parts[1] != "blobs" or not _is_reg(blob):
+        return None, "%s is not a regular repo blob of the cache %s" % (blob, cache_dir)
+    why = _ensure_shared_store(cache_dir)
+    if why:
+        return None, why
+    payload_mode, folder_mode = _shared_modes(cache_dir)
+    prefix = os.path.join(shared_store_dir(cache_dir), xet_hash[:2])
+    try:
+        os.mkdir(prefix, folder_mode)
+    except FileExistsError:
+        pass
+    if not _is_dir(prefix):
+        return None, "%s is not a folder" % prefix
+    payload = os.path.join(prefix, xet_hash)
+    fd = _payload_lock(payload)
+    if fd is None:
+        return None, "huggingface_hub holds the lock of %s (a download publishes or links it)" % payload
+    link = None
+    try:
+        if os.path.lexists(payload):
+            return None, "the shared store already has %s (another repo's)" % payload
+        manifest = os.open(payload + ".refs", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        try:
+            if not stat.S_ISREG(os.fstat(manifest).st_mode):
+                return None, "%s.refs is not a regular file" % payload
+            line = (relative + "\n").encode()
+            if os.write(manifest, line) != len(line):
+                return None, "%s.refs could not be written" % payload
+            os.fsync(manifest)
+        finally:
+            os.close(manifest)
+        link = os.path.join(os.path.dirname(blob), ".%s.%s.shared" % (os.path.basename(blob), secrets.token_hex(4)))
+        os.symlink(os.path.relpath(payload, os.path.dirname(blob)), link)
+        os.chmod(blob, payload_mode)
+        os.replace(blob, payload)
+        try:
+            os.replace(link, blob)
+        except OSError:
+            os.replace(payload, blob)       # back as it was: the blob is never lost
+            raise
+        link = None
+        return payload, ""
+    finally:
+        if link is not None and os.path.lexists(link):
+            os.unlink(link)
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:

@@ -23,7 +23,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runn
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_snapshot
 from tests.lab import labctl
 from tests.support import synthetic_cache
-from tests.unit.test_peer_snapshot import COMMIT, FILES, FOLDER, REPO, Copier, job
+from tests.unit.test_peer_snapshot import COMMIT, FILES, FOLDER, REPO, Copier, expected, job
 
 pytestmark = pytest.mark.unit
 
@@ -333,3 +333,99 @@ def test_a_killed_copys_staging_folder_is_scrapped_not_trusted(tmp_path, peer):
     out = job(cache, peer, Copier()).run(check_mode=False)
     assert out["verified"] is True and str(staging) in out["removed"] and not staging.exists()
     assert stat.S_ISREG(os.lstat(cache / FOLDER / "blobs" / etag(BIG)).st_mode)
+
+
+# ----------------------------------------------------------------------------- into the receiver's Xet store
+def xet_job(cache, peer, copier, xet_hash=XET, **opts):
+    """A copy whose expected list carries the Hub's xet hash of the payload (as hf_snapshot's
+    target_files does where the Hub stores the file with Xet)."""
+    files = [dict(f, xet_hash=xet_hash) if f["path"] == BIG else f for f in expected()]
+    if getattr(copier, "source", "") is None:
+        copier.source = str(peer)
+    return peer_snapshot.PeerJob(REPO, COMMIT, copier=copier, cache_dir=str(cache), files=files, revision="main",
+                                 state="copied", source="10.0.0.11", source_name="gpu1",
+                                 source_cache_dir=str(peer), **opts)
+
+
+@needs_rsync
+def test_a_copy_with_the_listings_xet_hash_lands_in_the_receivers_store_as_huggingface_hub_would(tmp_path, peer):
+    xet_layout(peer, etag(BIG), len(FILES[BIG]))
+    cache = tmp_path / "hub"
+    out = xet_job(cache, peer, real_copier(tmp_path, peer)).run(check_mode=False)
+    assert out["verified"] is True and out["shared_store"] == {"published": 1, "kept": []}, out
+    blob = cache / FOLDER / "blobs" / etag(BIG)
+    payload = cache / "blobs" / "cd" / XET
+    assert os.readlink(blob) == "../../blobs/cd/" + XET and stat.S_ISREG(os.lstat(payload).st_mode)
+    assert payload.read_bytes() == FILES[BIG]
+    assert stat.S_IMODE(os.lstat(payload).st_mode) & 0o222 == 0          # read-only, as hf_xet's payloads
+    # huggingface_hub's own reading of its layout: a marked store, a usable entry, the link listed
+    assert _shared_blobs.is_shared_blobs_dir(cache / "blobs")
+    assert _shared_blobs.has_shared_blob(xet_hash=XET, cache_dir=cache, expected_size=len(FILES[BIG]))
+    assert _shared_blobs._read_valid_manifest_references(payload, cache) == {blob}
+    for name in os.listdir(cache / FOLDER / "blobs"):         # the small files stay regular blobs
+        if name != etag(BIG):
+            assert stat.S_ISREG(os.lstat(cache / FOLDER / "blobs" / name).st_mode), name
+    # the manifest still vouches (the payload kept its inode): the rerun does nothing, a rehash agrees
+    again = xet_job(cache, peer, real_copier(tmp_path, peer)).run(check_mode=False)
+    assert again["verified"] is True and again["changed"] is False and again["copied"]["blobs"] == 0
+    assert job(cache, state="verified", rehash=True).run(check_mode=False)["verified"] is True
+    # and huggingface_hub's purge of the revision takes the payload with its last link
+    scan = scan_cache_dir(cache)
+    scan.delete_revisions(COMMIT).execute()
+    assert not os.path.lexists(payload) and not os.path.lexists(cache / FOLDER)
+
+
+def test_without_xet_or_a_hash_the_copy_stays_regular_blobs(tmp_path, peer):
+    cache = tmp_path / "hub"
+    out = xet_job(cache, peer, Copier(), use_xet=False).run(check_mode=False)
+    assert out["verified"] is True and out["shared_store"] == {"published": 0, "kept": []}
+    assert stat.S_ISREG(os.lstat(cache / FOLDER / "blobs" / etag(BIG)).st_mode)
+    assert not (cache / "blobs").exists()
+
+
+def test_a_payload_the_store_already_has_is_neither_replaced_nor_trusted(tmp_path, peer):
+    """Another repo's payload with that hash: its links and manifests vouch for its inode, so it is
+    not replaced; and its bytes were not checked here, so this repo keeps its own checked blob."""
+    cache = tmp_path / "hub"
+    synthetic_cache.add_revision(cache, "lab/other", "1" * 40, {BIG: FILES[BIG]})
+    other_blob = os.path.join(str(cache), "models--lab--other", "blobs", etag(BIG))
+    assert _shared_blobs.publish_blob_to_shared_store(blob_path=other_blob, xet_hash=XET, cache_dir=str(cache),
+                                                      expected_size=len(FILES[BIG]))
+    payload = cache / "blobs" / "cd" / XET
+    before = os.lstat(payload)
+    out = xet_job(cache, peer, Copier()).run(check_mode=False)
+    assert out["verified"] is True and out["shared_store"]["published"] == 0
+    [kept] = out["shared_store"]["kept"]
+    assert kept["blob"] == etag(BIG) and "already has" in kept["because"], kept
+    assert stat.S_ISREG(os.lstat(cache / FOLDER / "blobs" / etag(BIG)).st_mode)
+    assert os.path.samestat(before, os.lstat(payload))
+
+
+def test_an_unmarked_blobs_folder_is_not_adopted_as_a_store(tmp_path, peer):
+    cache = tmp_path / "hub"
+    (cache / "blobs").mkdir(parents=True)
+    (cache / "blobs" / "someone-elses").write_text("x")
+    out = xet_job(cache, peer, Copier()).run(check_mode=False)
+    assert out["verified"] is True and out["shared_store"]["published"] == 0
+    assert "not a marked shared store" in out["shared_store"]["kept"][0]["because"]
+    assert sorted(os.listdir(cache / "blobs")) == ["someone-elses"]
+
+
+def test_a_held_payload_lock_keeps_the_blob_regular(tmp_path, peer):
+    import fcntl
+    cache = tmp_path / "hub"
+    (cache / "blobs" / "cd").mkdir(parents=True)
+    (cache / "blobs" / ".huggingface-shared-blobs").write_text("1\n")
+    with open(cache / "blobs" / "cd" / (XET + ".lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        out = xet_job(cache, peer, Copier()).run(check_mode=False)
+    assert out["verified"] is True and "holds the lock" in out["shared_store"]["kept"][0]["because"]
+    assert stat.S_ISREG(os.lstat(cache / FOLDER / "blobs" / etag(BIG)).st_mode)
+
+
+def test_a_xet_hash_that_is_not_one_is_refused_before_anything_is_written(tmp_path, peer):
+    cache = tmp_path / "hub"
+    with pytest.raises(peer_snapshot.PeerError) as err:
+        xet_job(cache, peer, Copier(), xet_hash="../../etc").run(check_mode=False)
+    assert err.value.cause == "bad_files" and "xet hash '../../etc'" in str(err.value)
+    assert not cache.exists()
