@@ -180,7 +180,9 @@ def test_6_killed_during_the_download_the_rerun_follows_the_orphaned_download(la
                                                           model_purge_items=["tiny-b"], model_purge_all_listed=True),
                               limit=HOST)
         assert purged.rc == 0, purged.stdout[-3000:]
-    lab.hub.fault("throttle", rate=250_000, repo="lab/tiny-b", file="model.safetensors")
+    # every transfer of the payload throttled (over Xet: its reconstruction's answer and each xorb
+    # range), until cleared below: the orphan is still downloading when the rerun looks
+    lab.hub.fault("throttle", rate=250_000, repo="lab/tiny-b", file="model.safetensors", count=None)
     lab.hub.clear_log()
     try:
         # its progress file is written every second (half the poll interval): a sign of life the
@@ -197,14 +199,13 @@ def test_6_killed_during_the_download_the_rerun_follows_the_orphaned_download(la
         assert "follow the download started by run" in fetch["text"], fetch
         rerun = runner.run_playbook("migrate.yml", str(lab.inventory), ev, limit=LIMIT)
     finally:
-        lab.hub.clear_faults()          # a throttle that has served its request is gone already
+        lab.hub.clear_faults()
     assert rerun.ok, rerun.failures()
     assert "following the download of run" in rerun.stdout
     rec = rerun.custom_stats["modelswap_record"][HOST]
     assert rec["outcome"] == "migrated" and rec["fetch"]["bytes_downloaded"] == 0 and rec["fetch"]["verified"], rec
-    gets = [r for r in lab.hub.requests() if r["method"] == "GET" and "lab/tiny-b" in r["path"]
-            and r["path"].endswith("/model.safetensors")]
-    assert len(gets) == 1, gets                          # the orphan's download, never a second one
+    starts = lab.hub.payload_downloads("lab/tiny-b", "model.safetensors")
+    assert len(starts) == 1, starts                      # the orphan's download, never a second one
     converged(lab, story, "tiny-b", "tiny-a")
 
 

@@ -117,7 +117,8 @@ def uplink(lab, since, repo):
 @pytest.mark.parametrize("use_xet", [False, True], ids=["http", "xet"])
 def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir, use_xet):
     """Over Xet the first host's repo blobs are links into its cache-wide store; the peers that copy
-    from it get the bytes as regular blobs (never the links), verified before they are published."""
+    from it get the bytes as regular files (never the links), verified before they are published,
+    then moved into their own cache-wide store as hf_xet would have put them."""
     lab, commit = plab, plab.models["tiny-b"]["commit"]
     ev = fetch_vars(lab, workdir, model_fetch_use_xet=use_xet)
     limit = ",".join(SITE)
@@ -163,10 +164,23 @@ def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir, use_
         assert lab.ssh(host, "readlink %s/config.json" % snapshot).stdout.strip().startswith("../../blobs/")
     copied = done(run, COPY, "gpu4")[-1]
     assert copied["copied"]["from"] == "gpu2" and copied["verification"]["files"] == len(files)
-    for host in SITE[1:]:      # copies are bytes: regular blobs, no links, no special files
-        kinds = lab.ssh(host, "find %s/hub/models--lab--tiny-b/blobs -mindepth 1 -printf '%%y\\n' | sort -u"
-                        % workdir).stdout.split()
+    weights = "%s/hub/models--lab--tiny-b/blobs/%s" % (workdir, files["model.safetensors"]["digest"])
+    payload = lab.ssh("gpu1", "readlink %s || true" % weights).stdout.strip()
+    for host in SITE[1:]:
+        # copies are bytes (no link, no special file came from the peer); over Xet the weights are
+        # then put into the host's own shared store under the Hub's xet hash, as hf_xet would
+        kinds = lab.ssh(host, "find %s/hub/models--lab--tiny-b/blobs -mindepth 1 ! -path %s -printf '%%y\\n' "
+                        "| sort -u" % (workdir, weights)).stdout.split()
         assert kinds == ["f"], (host, kinds)
+        if use_xet:
+            assert lab.ssh(host, "readlink %s" % weights).stdout.strip() == payload, host
+            store = lab.ssh(host, "cd %s/hub && cat blobs/.huggingface-shared-blobs && stat -c %%F %s && "
+                            "cat %s.refs" % (workdir, payload[len("../../"):], payload[len("../../"):])).stdout
+            assert store.splitlines() == ["1", "regular file", "models--lab--tiny-b/blobs/%s"
+                                          % files["model.safetensors"]["digest"]], (host, store)
+            assert done(run, COPY, host)[-1]["shared_store"] == {"published": 1, "kept": []}
+        else:
+            assert lab.ssh(host, "stat -c %%F %s" % weights).stdout.strip() == "regular file", host
 
     since = mark(lab)
     again = lab.playbook("playbooks/fetch.yml", ev, limit=limit)

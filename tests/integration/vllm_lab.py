@@ -109,9 +109,10 @@ def prepare(lab, hosts: list[str], api_key: str) -> None:
 
 
 def fetch_vars(lab) -> dict:
-    """model_fetch's variables for the lab: its Hub, plain HTTP, the vLLM virtualenv's Python."""
+    """model_fetch's variables for the lab: its Hub (over Xet, the lab's default), the vLLM
+    virtualenv's Python."""
     return {"modelswap_models": catalog(lab), "vllm_fetch_models": sorted(lab.models),
-            "model_fetch_endpoint": "{{ modelswap_lab_hub_url }}", "model_fetch_use_xet": False,
+            "model_fetch_endpoint": "{{ modelswap_lab_hub_url }}",
             "model_fetch_python": f"{VENV}/bin/python", "model_fetch_poll_interval": 1}
 
 

@@ -109,5 +109,12 @@ class HubClient:
         entries = self._call("GET", f"/_lab/log?since={int(since)}")
         return [e for e in entries if all(e.get(k) == v for k, v in match.items())]
 
+    def payload_downloads(self, repo: str, file: str, since: int = 0) -> list[dict]:
+        """The requests that started a download of `file`'s bytes, by either path: a GET of its
+        resolve route (plain HTTP) or of its Xet reconstruction (the xorb ranges that follow are
+        parts of that one download)."""
+        return [e for e in self.requests(since, repo=repo, file=file)
+                if e["method"] == "GET" and e.get("endpoint") in ("resolve", "xet-reconstruction")]
+
     def clear_log(self) -> None:
         self._call("DELETE", "/_lab/log")
