@@ -105,7 +105,7 @@ def hf(local_hub, hf_env, monkeypatch) -> HF:
 
 
 def resolve_gets(hub, **match):
-    return hub.requests(method="GET", endpoint="resolve", **match)
+    return hub.settled().requests(method="GET", endpoint="resolve", **match)
 
 
 def assert_tree_equal(folder: Path, files: dict):
@@ -127,7 +127,7 @@ def test_snapshot_into_cache_is_byte_identical(hf, local_hub, repo):
     blobs = {p.name for p in (hf.storage(repo) / "blobs").iterdir()}
     assert blobs == {sha256(SMALL["model.safetensors"])} | {
         git_blob_id(d) for n, d in SMALL.items() if n != "model.safetensors"}
-    log = local_hub.requests()
+    log = local_hub.settled().requests()
     assert [e["endpoint"] for e in log if e["endpoint"] != "resolve"] == ["revision", "tree"]
     assert sorted(e["file"] for e in log if e["method"] == "HEAD") == sorted(SMALL)
     gets = resolve_gets(local_hub)
@@ -165,13 +165,13 @@ def test_second_run_transfers_nothing(hf, local_hub, repo, tmp_path):
 
     hf.snapshot(repo)  # by branch: one revision call, nothing else
     hf.snapshot(repo, local_dir=tmp_path / "ld")
-    log = local_hub.requests()
+    log = local_hub.settled().requests()
     assert [(e["method"], e["endpoint"]) for e in log] == [("GET", "revision")] * 2
 
     local_hub.clear_log()
     assert hf.snapshot(repo, revision=commit).name == commit  # by commit: not one request
     hf.snapshot(repo, revision=commit, local_dir=tmp_path / "ld")
-    assert local_hub.requests() == []
+    assert local_hub.settled().requests() == []
 
 
 def test_new_commit_redownloads_only_the_changed_file(hf, local_hub, repo, tmp_path):
@@ -217,7 +217,7 @@ def test_metadata_tree_pages_paths_info_and_dry_run(hf, local_hub, repo):
     tree = list(api.list_repo_tree(repo, recursive=True))
     assert {e.path for e in tree if hasattr(e, "size")} == set(files)
     assert {e.path for e in tree if not hasattr(e, "size")} == {"sub", "shards"}
-    assert len(local_hub.requests(endpoint="tree")) == 3  # 122 entries, pages of 50 (Link rel="next")
+    assert len(local_hub.settled().requests(endpoint="tree")) == 3  # 122 entries, pages of 50 (Link rel="next")
     top = {e.path for e in api.list_repo_tree(repo)}
     assert top == {"config.json", "tokenizer.json", "model.safetensors", "sub", "shards"}
 
@@ -231,7 +231,7 @@ def test_metadata_tree_pages_paths_info_and_dry_run(hf, local_hub, repo):
     assert {d.filename: (d.file_size, d.will_download) for d in dry} == {
         n: (len(files[n]), True) for n in ("config.json", "tokenizer.json", "model.safetensors")}
     assert resolve_gets(local_hub) == []  # a dry run transfers no data: HEADs only
-    assert len(local_hub.requests(method="HEAD")) == 3
+    assert len(local_hub.settled().requests(method="HEAD")) == 3
 
 
 def test_unknown_repo_revision_and_file_raise_the_librarys_errors(hf, local_hub, repo):
@@ -251,7 +251,7 @@ def test_unknown_repo_revision_and_file_raise_the_librarys_errors(hf, local_hub,
     assert isinstance(err.value, EntryNotFoundError)
     # the library remembers the absence per commit (X-Repo-Commit on the 404)
     assert (hf.storage(repo) / ".no_exist" / commit / "no-such-file.json").exists()
-    codes = {(e["endpoint"], e["status"]) for e in local_hub.requests()}
+    codes = {(e["endpoint"], e["status"]) for e in local_hub.settled().requests()}
     assert codes == {("revision", 404), ("resolve", 404)}
 
 
@@ -279,7 +279,7 @@ def test_gated_repo_needs_a_valid_token_which_never_reaches_the_log(hf, local_hu
         hf.file(public, "a.txt", token="hf_not_a_valid_token")
     assert err.value.response.status_code == 401 and not isinstance(err.value, RepositoryNotFoundError)
 
-    log = local_hub.requests()
+    log = local_hub.settled().requests()
     assert any(e["auth"] and e["status"] == 200 and e["user"] == "lab" for e in log)
     assert {e["status"] for e in log if e["endpoint"] == "resolve" and not e["auth"]} == {401}
     dumped = json.dumps(log) + local_hub.log_path.read_text()
@@ -447,7 +447,7 @@ def test_bad_listing_serves_the_tampered_entry_raw(hf, local_hub, repo):
     assert [f.path for f in tree if f.path == "config.json"] == ["config.json"]
     local_hub.fault("bad_listing", endpoint="paths-info", oid="a/b")
     assert hf.api().get_paths_info(repo, ["config.json"])[0].blob_id == "a/b"
-    applied = [e["faults"] for e in local_hub.requests(endpoint="paths-info")]
+    applied = [e["faults"] for e in local_hub.settled().requests(endpoint="paths-info")]
     assert len(applied) == 1 and applied[0][0].startswith("bad_listing#")
     assert hf.api().get_paths_info(repo, ["config.json"])[0].blob_id == git_blob_id(b"{}\n")
 
@@ -467,7 +467,7 @@ def test_5xx_on_head_is_retried_when_nothing_is_cached(hf, local_hub, repo):
     local_hub.publish(repo, SMALL)
     local_hub.fault("http_error", status=503, method="HEAD", file="config.json", count=2)
     assert hf.file(repo, "config.json").read_bytes() == SMALL["config.json"]
-    heads = local_hub.requests(method="HEAD")
+    heads = local_hub.settled().requests(method="HEAD")
     assert [e["status"] for e in heads] == [503, 503, 200]
 
 
@@ -498,7 +498,7 @@ def test_5xx_on_the_tree_listing_is_retried(hf, local_hub, repo):
     local_hub.publish(repo, SMALL)
     local_hub.fault("http_error", status=503, endpoint="tree")
     assert_tree_equal(hf.snapshot(repo), SMALL)
-    assert [e["status"] for e in local_hub.requests(endpoint="tree")] == [503, 200]
+    assert [e["status"] for e in local_hub.settled().requests(endpoint="tree")] == [503, 200]
 
 
 def test_delay_fault_and_fault_bookkeeping(local_hub, repo):
@@ -526,7 +526,7 @@ def test_control_api_needs_the_key_and_is_not_logged(local_hub):
     assert err.value.code == 403
     assert local_hub.faults() == []
     local_hub.health()
-    assert local_hub.requests() == []
+    assert local_hub.settled().requests() == []
 
 
 def test_many_connections_and_clients_that_leave_mid_body(local_hub, repo):
@@ -557,9 +557,9 @@ def test_many_connections_and_clients_that_leave_mid_body(local_hub, repo):
         t.join(30)
     assert errors == [] and results == [True] * 40
     deadline = time.monotonic() + 10
-    while len(local_hub.requests(file="slow.bin", outcome="client_gone")) < 8 and time.monotonic() < deadline:
+    while len(local_hub.settled().requests(file="slow.bin", outcome="client_gone")) < 8 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(local_hub.requests(file="slow.bin", outcome="client_gone")) == 8
+    assert len(local_hub.settled().requests(file="slow.bin", outcome="client_gone")) == 8
     assert local_hub.health()["ok"]
     with NO_PROXY_OPENER.open(f"{url}/w.bin", timeout=10) as r:
         assert r.read() == data
@@ -682,4 +682,4 @@ def test_hf_env_drives_a_real_client_process(local_hub, hf_env, repo, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert_tree_equal(tmp_path / "out", SMALL)
     assert len(resolve_gets(local_hub)) == len(SMALL)
-    assert not any("xet" in (e["path"] + e["query"]).lower() for e in local_hub.requests())
+    assert not any("xet" in (e["path"] + e["query"]).lower() for e in local_hub.settled().requests())

@@ -19,7 +19,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -89,12 +88,7 @@ def download(env: dict, repo: str, filename: str | None = None, **kw) -> dict:
 
 
 def settled(hub):
-    """The hub once its answers are all logged (a request is logged just after its last byte, so a
-    client can be done before the log has it). /_lab/health counts itself as busy."""
-    deadline = time.monotonic() + 5
-    while hub.health()["busy"] > 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return hub
+    return hub.settled()
 
 
 def requests_by_endpoint(hub, endpoint: str, **match) -> list[dict]:

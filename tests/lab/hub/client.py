@@ -90,6 +90,14 @@ class HubClient:
                     raise
                 time.sleep(0.05)
 
+    def settled(self, timeout: float = 5.0) -> "HubClient":
+        """This client once every answer in flight is logged (a request is logged just after its
+        last byte, so a client can be done before the log has it); /_lab/health counts itself as busy."""
+        deadline = time.monotonic() + timeout
+        while self.health()["busy"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self
+
     def fault(self, kind: str, **params) -> dict:
         """Inject a fault (see tests.lab.hub.faults); returns it with its id. `count` defaults to 1."""
         return self._call("POST", "/_lab/faults", {"kind": kind, **params})
