@@ -127,12 +127,7 @@ def planned_result(job, repo_id: str, revision: str) -> dict:
                 files_downloaded=0, bytes_downloaded=0, bytes_received=0, kept_blobs=[],
                 manifest=job.manifest_file, orphans_removed=[],
                 listing_source=job.listing_source, resolved_by=job.resolved_by,
-                target_files=target_files(wanted))
-
-
-def target_files(wanted: dict) -> list:
-    """The expected list of peer_snapshot (hub_client.target_files)."""
-    return hub_client.target_files(wanted)
+                target_files=hub_client.target_files(wanted))
 
 
 def manifest_verification(manifest: dict) -> dict:

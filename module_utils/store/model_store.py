@@ -338,22 +338,22 @@ def _shared_modes(cache_dir: str) -> tuple:
     return payload, cache_mode & (0o777 | stat.S_ISGID | stat.S_ISVTX)
 
 
-def _ensure_shared_store(cache_dir: str) -> str:
+def _ensure_shared_store(cache_dir: str, modes: tuple) -> str:
     """Make ``<cache>/blobs`` the marked shared store if it does not exist yet ('' when it is one
     now), as huggingface_hub's first Xet download does; a folder that exists unmarked is not
-    adopted (the reason)."""
+    adopted (the reason). ``modes``: _shared_modes(cache_dir)."""
     if is_shared_store(cache_dir):
         return ""
     folder = shared_store_dir(cache_dir)
     try:
-        os.mkdir(folder, _shared_modes(cache_dir)[1])
+        os.mkdir(folder, modes[1])
     except FileExistsError:
         return "%s exists and is not a marked shared store" % folder
     marker = os.path.join(folder, SHARED_STORE_MARKER)
     tmp = "%s.%08x.tmp" % (marker, os.getpid() & 0xFFFFFFFF)
     with open(tmp, "x", encoding="utf-8") as fh:
         fh.write(SHARED_STORE_LAYOUT)
-    os.chmod(tmp, _shared_modes(cache_dir)[0])
+    os.chmod(tmp, modes[0])
     os.replace(tmp, marker)
     return "" if is_shared_store(cache_dir) else "%s could not be marked" % folder
 
@@ -376,10 +376,10 @@ def publish_shared_payload(cache_dir: str, blob: str, xet_hash: str) -> tuple:
     parts = relative.split("/")
     if len(parts) != 3 or parse_repo_folder(parts[0]) is None or parts[1] != "blobs" or not _is_reg(blob):
         return None, "%s is not a regular repo blob of the cache %s" % (blob, cache_dir)
-    why = _ensure_shared_store(cache_dir)
+    payload_mode, folder_mode = modes = _shared_modes(cache_dir)
+    why = _ensure_shared_store(cache_dir, modes)
     if why:
         return None, why
-    payload_mode, folder_mode = _shared_modes(cache_dir)
     prefix = os.path.join(shared_store_dir(cache_dir), xet_hash[:2])
     try:
         os.mkdir(prefix, folder_mode)
