@@ -52,7 +52,7 @@ lab-status: venv ## show the lab's hosts and services
 
 lint: venv ## ansible-lint (production profile), ansible-doc of every module, ansible-test sanity
 	$(BIN)/ansible-lint --profile production --nocolor
-	@for m in library/*.py; do n=$$(basename $$m .py); \
+	@for m in plugins/modules/*.py; do n=$$(basename $$m .py); \
 	  $(BIN)/ansible-doc -t module modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: $$n"; exit 1; }; \
 	  echo "ansible-doc ok: modelswap.vllm.$$n"; done
 	tests/sanity/run.sh

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0 (see galaxy.yml)
 """show_diff: diff entries made on the controller, handed to Ansible's --diff output (no host
-is reached; the documentation is library/show_diff.py)."""
+is reached; the documentation is plugins/modules/show_diff.py)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail

@@ -2,7 +2,7 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Filters over the model catalog: the one place roles and the preview judge an entry.
 
-The rules live in module_utils/common/catalog.py (unit-tested there).
+The rules live in plugins/module_utils/common/catalog.py (unit-tested there).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Filters over the fleet's source plan: where each host's bytes come from (model_fetch with peers).
 
-The planner is module_utils/fleet/peer_plan.py (table-tested there); these filters only hand it
+The planner is plugins/module_utils/fleet/peer_plan.py (table-tested there); these filters only hand it
 what the role gathered and turn its errors into filter errors.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 """Filters of the lb_pool role: the pool as read (HAProxy's stats CSV or a state hook's list), the
 floor's verdict, and the result each entry point publishes.
 
-The logic lives in module_utils/serving/lb_pool.py (table-tested in tests/unit/test_lb_pool.py);
+The logic lives in plugins/module_utils/serving/lb_pool.py (table-tested in tests/unit/test_lb_pool.py);
 these wrappers turn its errors into AnsibleFilterError, whose message the failed task shows.
 """
 from __future__ import annotations

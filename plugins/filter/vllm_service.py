@@ -2,13 +2,14 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Filters of the vllm_service role: the vLLM command line and systemd syntax.
 
-The logic lives in module_utils/serving/vllm_unit.py (unit-tested there); these are thin wrappers that
+The logic lives in plugins/module_utils/serving/vllm_unit.py (unit-tested there); these are thin wrappers that
 turn its errors into AnsibleFilterError.
 """
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
 
@@ -42,7 +43,7 @@ def vllm_guard_env(env, directory, routes):
 
 def vllm_parallel_size(vllm_args):
     """tensor x pipeline x data parallel size of a catalog entry's vllm_args."""
-    return vllm_unit.parallel_size(vllm_args)
+    return vllm_args_rules.parallel_size(vllm_args)
 
 
 def systemd_exec(argv):

@@ -11,7 +11,7 @@ repo's and revision's size, prints the figures, and removes the cache. Variants:
   hf.scan+delete_revisions    what a plan costs with huggingface_hub's API: the scan, then one
                               delete_revisions(...).expected_freed_size per repo
   model_store.scan_store (N threads)   modelswap's scanner with N threads (pays on a cold cache)
-  model_store.scan_store               modelswap's scanner (module_utils/store/model_store.py) alone, one thread
+  model_store.scan_store               modelswap's scanner (plugins/module_utils/store/model_store.py) alone, one thread
   model_store.plan (scan+order+sim)    the whole plan as disk_plan computes it: scan, protections, candidates
                               in LRU order, freed bytes per step (shared blobs once), the verdict
   disk_plan module            the Ansible module end to end (a process, as on a host), target_bytes

@@ -94,7 +94,7 @@ def run_module(hub, repo, commit, cache, env, workers, tmp, verify="full") -> tu
         "repo_id": repo, "revision": commit, "cache_dir": str(cache), "endpoint": hub.url,
         "use_xet": USE_XET, "workers": workers, "verify": verify}}))
     t = time.monotonic()
-    out = subprocess.run([sys.executable, str(REPO / "library" / "hf_snapshot.py"), str(args)], env=env,
+    out = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / "hf_snapshot.py"), str(args)], env=env,
                          capture_output=True, text=True)
     wall = time.monotonic() - t
     result = json.loads(out.stdout)

@@ -46,13 +46,13 @@ def left():
 
 
 def module_proc(args):
-    """Start library/gpu_ready.py as Ansible runs it; returns (Popen, args file)."""
+    """Start plugins/modules/gpu_ready.py as Ansible runs it; returns (Popen, args file)."""
     fh = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     json.dump({"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=False)}, fh)
     fh.close()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, str(REPO / "library" / "gpu_ready.py"), fh.name],
+    proc = subprocess.Popen([sys.executable, str(REPO / "plugins" / "modules" / "gpu_ready.py"), fh.name],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     return proc, fh.name
 

@@ -32,19 +32,19 @@ def test_the_tarball_has_modules_and_helpers_and_no_local_state(installed):
     tarball, _ = installed
     names = tarfile.open(tarball).getnames()
     assert "plugins/modules" in names and "plugins/module_utils" in names
-    assert "library/modelswap_info.py" in names and "module_utils/common/about.py" in names
+    assert "plugins/modules/modelswap_info.py" in names and "plugins/module_utils/common/about.py" in names
     assert "meta/runtime.yml" in names
     assert not [n for n in names if n.startswith((".venv", ".collections", ".git/", "inventory/lab/hosts"))]
 
 
-def test_the_installed_collection_resolves_modules_through_its_plugins_links(installed):
+def test_the_installed_collection_has_its_plugins(installed):
     _, root = installed
     assert (root / "plugins" / "modules" / "modelswap_info.py").is_file()
     assert (root / "plugins" / "module_utils" / "common" / "about.py").is_file()
     assert (root / "plugins" / "plugin_utils" / "runner.py").is_file()
     # the load hosts' copy of the /metrics parser: the role's link resolves to module_utils' file
     shipped = root / "roles" / "benchmark" / "files" / "vllm_metrics.py"
-    assert shipped.is_file() and shipped.read_text() == (root / "module_utils" / "bench" / "vllm_metrics.py").read_text()
+    assert shipped.is_file() and shipped.read_text() == (root / "plugins" / "module_utils" / "serving" / "vllm_metrics.py").read_text()
 
 
 def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_path):
@@ -63,4 +63,4 @@ def test_another_repo_runs_the_module_by_fqcn_on_a_lab_host(lab, installed, tmp_
     # It ran the installed copy, not this repository's.
     doc = subprocess.run([BIN / "ansible-doc", "-t", "module", "modelswap.vllm.modelswap_info"],
                          cwd=other, env=env, capture_output=True, text=True)
-    assert str(root) in doc.stdout and str(REPO / "library") not in doc.stdout
+    assert str(root) in doc.stdout and str(REPO / "plugins") not in doc.stdout

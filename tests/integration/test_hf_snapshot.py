@@ -89,7 +89,7 @@ def module_cmd(args: dict, workdir: Path, check_mode: bool = False):
     args_file = workdir / f"args-{time.monotonic_ns()}.json"
     module_args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=False)
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": module_args}))
-    return [sys.executable, str(REPO / "library" / "hf_snapshot.py"), str(args_file)]
+    return [sys.executable, str(REPO / "plugins" / "modules" / "hf_snapshot.py"), str(args_file)]
 
 
 def module_env(hf_env):

@@ -1,7 +1,7 @@
 """A single-name Hub repo id (the Hub's `gpt2`, `bert-base-uncased`) from preview to serve on the
 lab, and one sentence for a catalog entry that cannot be served, from the preview and the deploy.
 
-The catalog's rules have one owner (module_utils/common/catalog.py): before it, a name without a
+The catalog's rules have one owner (plugins/module_utils/common/catalog.py): before it, a name without a
 namespace passed preflight and the fetch and was refused at deploy, after the purge and the
 download had run. Here tiny-a's files are published on the local Hub under a single-name id, and
 that entry is previewed (migrate.yml --check), fetched and verified (model_fetch) and served

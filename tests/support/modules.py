@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_module(name: str, args: dict | None = None, *, check_mode: bool = False,
                diff: bool = False, env: dict | None = None, timeout: float = 600) -> dict:
-    """Run library/<name>.py with `args`; return its JSON result (failed results included)."""
+    """Run plugins/modules/<name>.py with `args`; return its JSON result (failed results included)."""
     payload = dict(args or {})
     payload["_ansible_check_mode"] = check_mode
     payload["_ansible_diff"] = diff
@@ -29,7 +29,7 @@ def run_module(name: str, args: dict | None = None, *, check_mode: bool = False,
     run_env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), run_env.get("PYTHONPATH", "")])
     run_env.update(env or {})
     try:
-        proc = subprocess.run([sys.executable, str(REPO / "library" / f"{name}.py"), args_file],
+        proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), args_file],
                               capture_output=True, text=True, env=run_env, timeout=timeout)
     finally:
         os.unlink(args_file)

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from tests.support import synthetic_cache
 from tests.support.modules import run_module

@@ -1,7 +1,7 @@
 """Bad inputs of the serving side (vllm_service, its filters, the catalog rules preflight shares),
 one row each: what was tried, the error it gets, and that nothing changed.
 
-- PURE_ROWS run the pure functions the role's validate step calls (module_utils/serving/vllm_unit.py,
+- PURE_ROWS run the pure functions the role's validate step calls (plugins/module_utils/serving/vllm_unit.py,
   model_store, snapshot_check): they raise or return the problem, and write nothing.
 - ROLE_ROWS are the same refusals through the role on a lab host that serves a model:
   tests/integration/test_vllm_routes_lab.py runs each one and checks that the run failed in the
@@ -17,6 +17,7 @@ from ansible_collections.modelswap.vllm.plugins.filter.catalog import FilterModu
 from ansible_collections.modelswap.vllm.plugins.filter.vllm_service import FilterModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store, snapshot_check
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 pytestmark = pytest.mark.unit
@@ -196,7 +197,7 @@ def test_valid_unit_settings_stay_valid():
     ("--x=a.b", "x"), ("-tp", None), ("value", None), ("--", None), ("--a_b.c_d=e_f", "a-b"),
 ])
 def test_flag_name_reads_words_as_vllms_parser_does(word, name):
-    assert vllm_unit.flag_name(word) == name
+    assert vllm_args_rules.flag_name(word) == name
 
 
 # The rows run through the role on a lab host (tests/integration/test_vllm_routes_lab.py).

@@ -9,7 +9,7 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_run
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import benchmark_probe
-from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_metrics
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_metrics
 
 pytestmark = pytest.mark.unit
 

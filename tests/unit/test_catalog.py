@@ -1,4 +1,4 @@
-"""The catalog's one owner (module_utils/common/catalog.py) and its filters: one set of rules for
+"""The catalog's one owner (plugins/module_utils/common/catalog.py) and its filters: one set of rules for
 every role, so an entry the swap refuses is refused before the purge and the download."""
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_every_role_judges_entries_with_the_one_filter():
               "migrate/tasks/read.yml": "modelswap.vllm.catalog_refusals("}
     for path, judge in judges.items():
         assert judge in (REPO / "roles" / path).read_text(), path
-    checks = (REPO / "module_utils" / "serving" / "vllm_service_checks.py").read_text()
+    checks = (REPO / "plugins" / "module_utils" / "serving" / "vllm_service_checks.py").read_text()
     assert "catalog.selection_problems(" in checks
     for path in (REPO / "roles").rglob("*.yml"):
         text = path.read_text()

@@ -8,9 +8,12 @@ from tests.support.modules import REPO, run_module
 pytestmark = pytest.mark.unit
 
 
-def test_plugins_link_to_library_and_module_utils():
-    assert (REPO / "plugins" / "modules").resolve() == REPO / "library"
-    assert (REPO / "plugins" / "module_utils").resolve() == REPO / "module_utils"
+def test_the_code_lives_in_plugins_and_the_top_level_links_point_there():
+    for folder in ("modules", "module_utils"):
+        assert (REPO / "plugins" / folder).is_dir() and not (REPO / "plugins" / folder).is_symlink()
+    # the playbook-adjacent names an ad-hoc `ansible -m` run and ansible.cfg use
+    assert (REPO / "library").resolve() == REPO / "plugins" / "modules"
+    assert (REPO / "module_utils").resolve() == REPO / "plugins" / "module_utils"
     assert (REPO / ".collections" / "ansible_collections" / "modelswap" / "vllm").resolve() == REPO
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
 from tests.support.modules import run_module
 

@@ -82,7 +82,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def run_faulted(args: dict, fault: dict) -> dict:
-    """Run library/deployment_record.py as run_module does, with ``fault`` armed: ``fn``
+    """Run plugins/modules/deployment_record.py as run_module does, with ``fault`` armed: ``fn``
     (copy_file or replace), the ``nth`` call whose destination holds ``dest_has`` (and not
     ``dest_lacks``) fails, before the call (or ``after`` it): ENOSPC or a crash. A crashed run
     prints nothing: {"crashed": True, "rc": ...}."""
@@ -93,7 +93,7 @@ def run_faulted(args: dict, fault: dict) -> dict:
     env = dict(os.environ, MODELSWAP_TEST_FAULT=json.dumps(fault))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
     try:
-        proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "library" / "deployment_record.py"),
+        proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "plugins" / "modules" / "deployment_record.py"),
                                args_file], capture_output=True, text=True, env=env, timeout=300)
     finally:
         os.unlink(args_file)

@@ -7,6 +7,7 @@ import time
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
@@ -310,7 +311,7 @@ def test_branch_revision_protected_through_the_cached_ref(store):
 def test_read_target_with_explicit_bytes_asks_no_hub(tmp_path):
     store = model_store.scan_store("", "")
     entry = {"repo_id": "org/new", "revision": "b" * 40, "allow_patterns": None, "ignore_patterns": None}
-    target, listed = disk_plan.read_target(store, entry, name="t", target_bytes=1000, block_size=4096,
+    target, listed = store_context.read_target(store, entry, name="t", target_bytes=1000, block_size=4096,
                                            endpoint="http://127.0.0.1:9")
     assert listed is None
     assert target["source"] == "explicit" and target["needed_bytes"] == 1000 and target["commit"] == "b" * 40

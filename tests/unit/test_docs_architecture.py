@@ -28,23 +28,23 @@ def _section(text: str, title: str) -> str:
 def test_every_module_is_in_the_modules_table():
     table = _section(DOC.read_text(), "The modules")
     listed = set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
-    modules = {p.stem for p in (ROOT / "library").glob("*.py") if not p.name.startswith("_")}
+    modules = {p.stem for p in (ROOT / "plugins" / "modules").glob("*.py") if not p.name.startswith("_")}
     assert listed == modules, {"missing from the doc": sorted(modules - listed),
                                "no longer a module": sorted(listed - modules)}
 
 
 def _module_utils_files() -> set[str]:
     """module_utils' files as `package/file.py`: every file lives in a domain package."""
-    return {str(p.relative_to(ROOT / "module_utils")) for p in (ROOT / "module_utils").rglob("*.py")
+    return {str(p.relative_to(ROOT / "plugins" / "module_utils")) for p in (ROOT / "plugins" / "module_utils").rglob("*.py")
             if p.name != "__init__.py"}
 
 
 def _packages() -> set[str]:
-    return {p.name for p in (ROOT / "module_utils").iterdir() if (p / "__init__.py").is_file()}
+    return {p.name for p in (ROOT / "plugins" / "module_utils").iterdir() if (p / "__init__.py").is_file()}
 
 
 def test_module_utils_holds_only_packages():
-    loose = sorted(p.name for p in (ROOT / "module_utils").glob("*.py"))
+    loose = sorted(p.name for p in (ROOT / "plugins" / "module_utils").glob("*.py"))
     assert loose == [], "module_utils/ keeps its files in domain packages; move: %s" % loose
     assert all("/" in f and f.count("/") == 1 for f in _module_utils_files())
 
@@ -69,16 +69,16 @@ def test_the_readme_step_table_finds_module_package_and_role():
     layout = _section((ROOT / "README.md").read_text(), "Layout")
     rows = [line for line in layout.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert len(rows) >= 5, "the step table lost rows"
-    modules = {p.stem for p in (ROOT / "library").glob("*.py")}
+    modules = {p.stem for p in (ROOT / "plugins" / "modules").glob("*.py")}
     roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
     for row in rows:
         _num, _step, mods, packages, role = [c.strip() for c in row.strip("|").split("|")]
         assert re.findall(r"`([a-z_]+)`", mods), row
         for name in re.findall(r"`([a-z_]+)`", mods):
             assert name in modules, (row, name)
-        for name in re.findall(r"`module_utils/([a-z_]+)/`", packages):
+        for name in re.findall(r"`plugins/module_utils/([a-z_]+)/`", packages):
             assert name in _packages(), (row, name)
-        assert re.findall(r"`module_utils/([a-z_]+)/`", packages), row
+        assert re.findall(r"`plugins/module_utils/([a-z_]+)/`", packages), row
         assert re.findall(r"`([a-z_]+)`", role)[0] in roles, row
 
 
@@ -94,7 +94,7 @@ def test_the_step_table_names_only_real_modules_and_files():
     section = _section(DOC.read_text(), "The migration, step by step")
     rows = [line for line in section.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert len(rows) >= 6, "the step table lost rows"
-    modules = {p.stem for p in (ROOT / "library").glob("*.py")}
+    modules = {p.stem for p in (ROOT / "plugins" / "modules").glob("*.py")}
     files = _module_utils_files() | {p.name for p in (ROOT / "plugins" / "filter").glob("*.py")}
     roles = {p.parent.parent.name for p in (ROOT / "roles").glob("*/tasks/main.yml")}
     for row in rows:

@@ -1,4 +1,4 @@
-"""library/gpu_ready.py run as Ansible runs it (tests.support.modules.run_module).
+"""plugins/modules/gpu_ready.py run as Ansible runs it (tests.support.modules.run_module).
 
 NVML: the real pynvml on this GPU-less machine (-> no GPUs), or the fake of
 tests/support/fake_pynvml.py put first on PYTHONPATH as `pynvml` (the module imports it exactly
@@ -60,7 +60,7 @@ def test_documentation_matches_the_argument_spec():
 
     import yaml
 
-    spec = importlib.util.spec_from_file_location("gpu_ready_doc", REPO / "library" / "gpu_ready.py")
+    spec = importlib.util.spec_from_file_location("gpu_ready_doc", REPO / "plugins" / "modules" / "gpu_ready.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     doc = yaml.safe_load(mod.DOCUMENTATION)["options"]
@@ -359,7 +359,7 @@ def test_shm_cleanup_without_become_removes_nothing(public_dir):
     env = dict(os.environ, HOME=str(work),
                PYTHONPATH=os.pathsep.join([str(REPO / ".collections")] + site))
     python = shutil.which("python3", path="/usr/bin:/bin")
-    proc = subprocess.run([python, str(REPO / "library" / "gpu_ready.py"), str(args)],
+    proc = subprocess.run([python, str(REPO / "plugins" / "modules" / "gpu_ready.py"), str(args)],
                           capture_output=True, text=True, env=env, user=nobody.pw_uid,
                           group=nobody.pw_gid, extra_groups=[], cwd=str(work), timeout=120)
     assert proc.stdout.strip().startswith("{"), proc.stderr

@@ -1,4 +1,4 @@
-"""gpu_ready's NVML logic (module_utils/gpu/gpu_ready.py) against a fake NVML built on the real pynvml.
+"""gpu_ready's NVML logic (plugins/module_utils/gpu/gpu_ready.py) against a fake NVML built on the real pynvml.
 
 The fake (tests/support/fake_pynvml.py) has the real binding's function names and signatures
 (checked below), returns the real structures and raises the real NVMLError subclasses.

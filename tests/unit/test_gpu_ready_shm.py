@@ -1,4 +1,4 @@
-"""The /dev/shm cleanup logic (module_utils/gpu/shm.py, procfs.py) on a temporary directory standing
+"""The /dev/shm cleanup logic (plugins/module_utils/gpu/shm.py, procfs.py) on a temporary directory standing
 in for /dev/shm, with real processes holding files open or mapped.
 """
 from __future__ import annotations

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_progress
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 
 pytestmark = pytest.mark.unit
@@ -154,7 +154,7 @@ def test_tree_cache_round_trip_is_readable_by_huggingface_hub_and_disk_plan(tmp_
     from huggingface_hub._tree_cache import read_tree_cache
     entries = read_tree_cache(str(repo), "d" * 40)
     assert entries["w.safetensors"].lfs_sha256 == "c" * 64 and entries["config.json"].blob_id == "a" * 40
-    planned = disk_plan.list_target("o/r", "d" * 40, cache_dir=str(tmp_path))
+    planned = target_listing.list_target("o/r", "d" * 40, cache_dir=str(tmp_path))
     assert planned["source"] == "tree_cache"
     assert sorted((f["path"], f["etag"]) for f in planned["files"]) == [("config.json", "a" * 40), ("w.safetensors", "c" * 64)]
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
@@ -243,23 +244,23 @@ def test_disk_planning_lists_through_the_client(tmp_path):
         made.append(kw)
         return client(api, fetching=kw["fetching"])
 
-    listed = disk_plan.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
+    listed = target_listing.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
                                    connect=connect)
     assert listed == {"commit": COMMIT, "source": "hub", "files": [{"path": "w.safetensors", "size": 10, "etag": S64}]}
     assert api.calls == [("repo_info", "main"), ("list_repo_tree", COMMIT)] and made[0]["fetching"] is False
     # a pinned commit whose tree is cached: no client at all
     hub_client.write_tree(hub_client.tree_root(str(tmp_path), "o/r"), COMMIT, LISTING)
-    cached = disk_plan.list_target("o/r", COMMIT, cache_dir=str(tmp_path), connect=None)
+    cached = target_listing.list_target("o/r", COMMIT, cache_dir=str(tmp_path), connect=None)
     assert cached["source"] == "tree_cache" and len(cached["files"]) == 2
     # a branch: resolved (one request), then the tree cache of its commit
     api.calls.clear()
-    assert disk_plan.list_target("o/r", "main", cache_dir=str(tmp_path), connect=connect)["source"] == "tree_cache"
+    assert target_listing.list_target("o/r", "main", cache_dir=str(tmp_path), connect=connect)["source"] == "tree_cache"
     assert api.calls == [("repo_info", "main")]
     down = FakeApi(fail=ConnectionRefusedError(111, "refused"))
     with pytest.raises(disk_plan.PlanError, match="cannot reach .* or pass target_bytes"):
-        disk_plan.list_target("o/r", "dev", cache_dir=str(tmp_path), connect=lambda r, **kw: client(down, fetching=False))
+        target_listing.list_target("o/r", "dev", cache_dir=str(tmp_path), connect=lambda r, **kw: client(down, fetching=False))
     with pytest.raises(disk_plan.PlanError, match="match none of the 2 files"):
-        disk_plan.list_target("o/r", COMMIT, cache_dir=str(tmp_path), allow_patterns=["*.gguf"])
+        target_listing.list_target("o/r", COMMIT, cache_dir=str(tmp_path), allow_patterns=["*.gguf"])
 
 
 # ------------------------------------------------------------------------------------------ resolved_commit

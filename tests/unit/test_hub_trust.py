@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from tests.support import synthetic_cache
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""lb_pool's logic (module_utils/serving/lb_pool.py) through its filters: HAProxy's stats CSV as a
+"""lb_pool's logic (plugins/module_utils/serving/lb_pool.py) through its filters: HAProxy's stats CSV as a
 pool, a state hook's list, the floor (batch included), and the result each entry point publishes
 with its one-line message. Table-driven; the CSV rows carry HAProxy 2.6's real header."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""model_purge's plan functions (module_utils/store/model_purge.py), called directly on synthetic caches.
+"""model_purge's plan functions (plugins/module_utils/store/model_purge.py), called directly on synthetic caches.
 
 The host's state is what disk_plan.build_protections makes of a catalog, a deployment record, a
 unit and running servers given as plain values, so every refusal rule is tested without a host.

@@ -1,6 +1,6 @@
 """Every module's documentation parses, renders, and its EXAMPLES use it as documented (issue 9).
 
-Per module in library/: DOCUMENTATION, EXAMPLES and RETURN are YAML of the expected shape; every
+Per module in plugins/modules/: DOCUMENTATION, EXAMPLES and RETURN are YAML of the expected shape; every
 EXAMPLES task that calls a `modelswap.vllm.*` module by FQCN passes only documented options
 (or aliases), values inside `choices`, the `required` options, and the option groups the module
 declares to AnsibleModule (required_one_of, mutually_exclusive, required_together, required_if;
@@ -26,7 +26,7 @@ from tests.support.modules import REPO
 
 pytestmark = pytest.mark.unit
 
-MODULES = sorted(p.stem for p in (REPO / "library").glob("*.py") if not p.name.startswith("_"))
+MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if not p.name.startswith("_"))
 FQCN = "modelswap.vllm."
 GROUPS = ("required_one_of", "mutually_exclusive", "required_together", "required_if")
 SANITY_IGNORE = REPO / "tests" / "sanity" / "ignore-2.19.txt"
@@ -35,7 +35,7 @@ SANITY_IGNORE = REPO / "tests" / "sanity" / "ignore-2.19.txt"
 @lru_cache(maxsize=None)
 def parsed(name: str) -> tuple[dict, dict]:
     """(the YAML blocks by variable name, the option groups passed to AnsibleModule)."""
-    tree = ast.parse((REPO / "library" / f"{name}.py").read_text())
+    tree = ast.parse((REPO / "plugins" / "modules" / f"{name}.py").read_text())
     blocks, groups = {}, {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -209,7 +209,7 @@ def test_ansible_doc_renders(name):
 
 @pytest.mark.parametrize("name", MODULES)
 def test_licence_header_and_sanity_ignore(name):
-    header = (REPO / "library" / f"{name}.py").read_text().splitlines()[:20]
+    header = (REPO / "plugins" / "modules" / f"{name}.py").read_text().splitlines()[:20]
     problems = [] if "# SPDX-License-Identifier: Apache-2.0" in header else [
         "no `# SPDX-License-Identifier: Apache-2.0` line in the first 20 lines"]
     entries = [line.split("#", 1) for line in SANITY_IGNORE.read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""page_cache_warm's logic (module_utils/store/page_cache_warm.py): /proc/meminfo, the snapshot's files
+"""page_cache_warm's logic (plugins/module_utils/store/page_cache_warm.py): /proc/meminfo, the snapshot's files
 (links to blobs followed, each once), read-or-skip from MemAvailable, the bounded read with a fake
 clock, check mode that reads nothing, and the module itself on a real folder."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A peer sends bytes, never links or special files (module_utils/fleet/peer_snapshot.py), and its key
+"""A peer sends bytes, never links or special files (plugins/module_utils/fleet/peer_snapshot.py), and its key
 serves a read-only store (tests/lab/labctl.py peer_authorized_key, roles/model_fetch/README.md).
 
 The receiver's checks run on what a test copier plants in the staging folder: a symlink (absolute,

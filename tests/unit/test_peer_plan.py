@@ -1,4 +1,4 @@
-"""The fleet's source planner (module_utils/fleet/peer_plan.py): where each host's bytes come from.
+"""The fleet's source planner (plugins/module_utils/fleet/peer_plan.py): where each host's bytes come from.
 
 Table-driven: sites of 1, 2, 4, 8 and 100 hosts, the fan-out bound, shared stores, hosts already
 verified, a source that served a bad copy, a receiver that failed to copy from a source; then the

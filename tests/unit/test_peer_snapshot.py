@@ -1,4 +1,4 @@
-"""peer_snapshot's logic (module_utils/fleet/peer_snapshot.py): a snapshot copied from a peer is
+"""peer_snapshot's logic (plugins/module_utils/fleet/peer_snapshot.py): a snapshot copied from a peer is
 verified against the Hub's file list before anything vouches for it, and a bad copy is undone.
 
 The copy itself is rsync over SSH on the lab (tests/integration/test_peers_lab.py); here a copier
@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_snapshot
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest, hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 from tests.support import synthetic_cache
 from tests.support.modules import run_module

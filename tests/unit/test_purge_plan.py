@@ -204,7 +204,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def run_purge_hooked(args: dict, change: list, check_mode: bool = False) -> dict:
-    """Run library/model_purge.py as run_module does, with ``change`` applied right after the
+    """Run plugins/modules/model_purge.py as run_module does, with ``change`` applied right after the
     module's first LockSet.acquire_all (after planning, before deleting)."""
     payload = dict(args, _ansible_check_mode=check_mode, _ansible_diff=False)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
@@ -213,7 +213,7 @@ def run_purge_hooked(args: dict, change: list, check_mode: bool = False) -> dict
     env = dict(os.environ, MODELSWAP_TEST_CHANGE=json.dumps(change))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
     try:
-        proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "library" / "model_purge.py"),
+        proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "plugins" / "modules" / "model_purge.py"),
                                args_file], capture_output=True, text=True, env=env, timeout=300)
     finally:
         os.unlink(args_file)

@@ -26,7 +26,7 @@ SECRET_NAME = re.compile(r"(^|_)(token|api_key|secret|password|passwd)$")
 # options that name where a secret is, not the secret itself
 NOT_A_SECRET = re.compile(r"_(file|path|dir)$")
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
-MODULES = sorted(p for p in (REPO / "library").glob("*.py") if p.name != "__init__.py")
+MODULES = sorted(p for p in (REPO / "plugins" / "modules").glob("*.py") if p.name != "__init__.py")
 
 
 def role_options():
@@ -76,7 +76,7 @@ def test_every_secret_module_option_is_no_log(path):
             no_log = kw.get("no_log")
             if not (isinstance(no_log, ast.Constant) and no_log.value is True):
                 bad.append(name)
-    assert not bad, f"library/{path.name}: options {bad} carry a secret; declare them no_log=True"
+    assert not bad, f"plugins/modules/{path.name}: options {bad} carry a secret; declare them no_log=True"
 
 
 def secret_variables():

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""vllm_ready state=idle: the requests in flight read from /metrics (one parser, bench/vllm_metrics.py),
+"""vllm_ready state=idle: the requests in flight read from /metrics (one parser, serving/vllm_metrics.py),
 the wait until they stay 0 (table-driven, a fake clock and fake readings), its result and messages,
 and the module itself against a local server that speaks /metrics."""
 from __future__ import annotations

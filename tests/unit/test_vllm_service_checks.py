@@ -1,4 +1,4 @@
-"""The vllm_service role's refusals as one judge (module_utils/serving/vllm_service_checks.py):
+"""The vllm_service role's refusals as one judge (plugins/module_utils/serving/vllm_service_checks.py):
 the role's validate step and the migration's preview call it, so they refuse the same requests
 with the same sentence. Table-driven: each row changes one setting of a good deployment."""
 from __future__ import annotations

@@ -5,6 +5,7 @@ import shlex
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
     exec_start_argv,
@@ -29,7 +30,7 @@ def test_kimi_k25_int4_tp8_expert_parallel():
         "--tensor-parallel-size", "8", "--enable-expert-parallel", "--max-model-len", "131072",
         "--gpu-memory-utilization", "0.92", "--trust-remote-code",
         "--tool-call-parser", "kimi_k2", "--reasoning-parser", "kimi_k2"]
-    assert vllm_unit.parallel_size(args) == 8
+    assert vllm_args_rules.parallel_size(args) == 8
     line = vllm_unit.systemd_exec(argv)
     # Plain words stay unquoted; what systemd parses back is the same argv, and served_model
     # (the purge's "served model" rule) finds the snapshot in it.
@@ -61,7 +62,7 @@ def test_kimi_k25_int4_tp8_expert_parallel():
     ({"extra_args": ["--disable-custom-all-reduce"]}, ["--disable-custom-all-reduce"]),
 ])
 def test_vllm_args_rendering(vllm_args, expected):
-    assert vllm_unit.vllm_args_argv(vllm_args) == expected
+    assert vllm_args_rules.vllm_args_argv(vllm_args) == expected
 
 
 @pytest.mark.parametrize("vllm_args, message", [
@@ -84,7 +85,7 @@ def test_vllm_args_rendering(vllm_args, expected):
 ])
 def test_vllm_args_refused(vllm_args, message):
     with pytest.raises(vllm_unit.ArgsError, match=__import__("re").escape(message)):
-        vllm_unit.vllm_args_argv(vllm_args)
+        vllm_args_rules.vllm_args_argv(vllm_args)
 
 
 @pytest.mark.parametrize("path, name, port, message", [

@@ -35,7 +35,7 @@ import gevent
 from geventhttpclient import HTTPClient
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
-# Shipped beside this file (the collection's module_utils/bench/vllm_metrics.py): the probe reads
+# Shipped beside this file (the collection's plugins/module_utils/serving/vllm_metrics.py): the probe reads
 # /metrics with the same rules.
 from vllm_metrics import parse_metrics
 

@@ -1,1 +1,1 @@
-../../../module_utils/bench/vllm_metrics.py
+../../../plugins/module_utils/serving/vllm_metrics.py

@@ -22,7 +22,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snaps
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 
 ACTION = "migrate_facts"
 # Written by the vllm_service role's install step into the virtualenv once vLLM is proved there.

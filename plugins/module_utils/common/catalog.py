@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args
 
 DEFAULT_REVISION = "main"
 # The full-string rules (\Z, not $: "$" also matches before a trailing newline).
@@ -94,8 +94,8 @@ def entry_problems(name, entry) -> list:
                         "'.', '_', '+', ':', '@', '/', '-' (starting with a letter or digit); "
                         "it is written into the unit file" % (served,))
     try:
-        vllm_unit.vllm_args_argv(entry.get("vllm_args"))
-    except vllm_unit.ArgsError as exc:
+        vllm_args.vllm_args_argv(entry.get("vllm_args"))
+    except vllm_args.ArgsError as exc:
         problems.append(str(exc))
     for key in ("allow_patterns", "ignore_patterns"):
         problem = _patterns_problem(key, entry.get(key))

@@ -3,7 +3,7 @@
 """Is a model fetched and verified on this host? Where is its snapshot?
 
 vllm_service starts only a snapshot that hf_snapshot downloaded and verified: a manifest of
-format ``modelswap.hf_snapshot/1`` for ``repo_id@commit`` (module_utils/hub/hf_manifest.py) whose
+format ``modelswap.hf_snapshot/1`` for ``repo_id@commit`` (plugins/module_utils/store/hf_manifest.py) whose
 files are all still on disk exactly as they were verified (size, inode, mtime: one ``stat`` per
 file, no hashing). The snapshot is found, in this order:
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest, hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 
 # model_store owns the commit rule (\Z, not $: "$" also matches before a trailing newline).

@@ -28,7 +28,7 @@ import json
 import os
 import socket
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import COMMIT_RE, repo_folder_name
 

@@ -14,7 +14,7 @@ import json
 import re
 import socket
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.bench import vllm_metrics
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_metrics
 
 SNAPSHOT_COMMIT = re.compile(r"/snapshots/([0-9a-f]{40})(?:/|$)")
 CALIBRATION_WORDS = (40, 160)

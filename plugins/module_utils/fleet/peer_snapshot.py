@@ -55,7 +55,9 @@ import stat
 import tempfile
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest, hf_verify, hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import (
     CacheLayout, FetchError, RepoLock, available_bytes, confine)
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes

@@ -5,6 +5,7 @@ folder."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
 
@@ -92,3 +93,17 @@ def nearest_existing(path: str) -> str:
             break
         path = parent
     return path
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    """An exclusive flock on ``<path>.lock``, shared by every writer of ``path`` (the deployment
+    record and the manifests beside it)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

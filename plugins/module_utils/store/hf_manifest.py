@@ -24,8 +24,7 @@ import json
 import os
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text, locked
 
 FORMAT = "modelswap.hf_snapshot/1"
 MODE_RANK = {"size": 1, "full": 2}
@@ -211,7 +210,7 @@ def plan_record(path: str, name: str, entry: dict) -> tuple:
 
 def update_record(path: str, name: str, entry: dict) -> bool:
     """Set ``fetched.<name>`` in the record at ``path`` (other keys kept); True when it changed."""
-    with deployment_record.locked(path):   # the lock every writer of the record takes
+    with locked(path):   # the lock every writer of the record takes
         changed, _before, _after = plan_record(path, name, entry)
         if not changed:
             return False

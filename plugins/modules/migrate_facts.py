@@ -185,7 +185,7 @@ timings:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 
 SERVICE_OPTIONS = dict(
     unit=dict(type="str", default="vllm.service"),

@@ -215,7 +215,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 
 ACTION = model_purge.ACTION

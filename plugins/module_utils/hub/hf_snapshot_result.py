@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client

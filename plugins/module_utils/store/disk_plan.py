@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
     COMMIT_RE,
@@ -424,47 +423,6 @@ def order_lru(store, items) -> list:
 # --------------------------------------------------------------------------------------------
 # target
 # --------------------------------------------------------------------------------------------
-HUB_WAY_OUT = "or pass target_bytes to plan without the Hub"
-
-
-def list_target(repo_id: str, revision: str, *, cache_dir: str = "", endpoint=None, token=None,
-                allow_patterns=None, ignore_patterns=None, http_endpoint_trusted: bool = False,
-                connect=hub_client.connect) -> dict:
-    """{"commit", "files", "source"}: the target's files after allow/ignore patterns, each
-    ``{"path", "size", "etag"}`` (``etag``: the name its blob gets in the cache).
-
-    A pinned commit with a cached tree listing needs no network (source ``tree_cache``);
-    otherwise hub_client resolves the revision (one request) and lists the commit (the tree cache
-    first, else one request: source ``hub``). Every failure is a PlanError.
-    """
-    roots = (hub_client.tree_root(cache_dir, repo_id),) if cache_dir else ()
-    listing = None
-    commit = revision if hub_client.is_commit(revision) else None
-    try:
-        if commit:   # a branch may have moved on the Hub: only a pinned commit is trusted offline
-            cached = hub_client.cached_listing(roots, repo_id, commit)
-            if cached is not None:
-                listing, source = cached[0], "tree_cache"
-        if listing is None:
-            hub_client.refuse_insecure(endpoint, bool(token), http_endpoint_trusted, "list %s@%s" % (repo_id, revision))
-            try:
-                if not hub_client.HAS_HF:
-                    raise ImportError("No module named 'huggingface_hub'")
-                client = connect(repo_id, endpoint=endpoint, token=token, fetching=False)
-            except ImportError as exc:
-                raise PlanError("listing %s@%s needs huggingface_hub on the host (%s); run the task with "
-                                "a Python that has it (the vLLM virtualenv) or pass target_bytes"
-                                % (repo_id, revision, exc))
-            commit = client.resolve(revision)
-            listing, source = client.listing(commit, roots)
-        chosen = hub_client.select(listing, allow_patterns, ignore_patterns, repo_id, commit) if listing else {}
-    except hub_client.HubError as exc:
-        if exc.kind in ("insecure_endpoint", "bad_listing", "no_match"):
-            raise PlanError(str(exc))
-        raise PlanError("%s; %s" % (exc, HUB_WAY_OUT))
-    return {"commit": commit, "files": hub_client.target_files(chosen), "source": source}
-
-
 def target_needs(store, repo_id: str, commit: str, files, block_size: int,
                  repo_type: str = "model") -> dict:
     """Bytes the target still needs: its files (dicts with path, size, etag) minus cached blobs.
@@ -773,44 +731,6 @@ def plan_target(entry, name, target_bytes, listed) -> dict:
     else:
         target.update(commit=listed["commit"], source=listed["source"])
     return target
-
-
-def given_listing(entry, listing) -> dict:
-    """list_target's answer from a listing made elsewhere (hf_snapshot's ``listing``: the
-    controller lists a fleet's target once): checked as a Hub listing is, the entry's patterns
-    applied; PlanError when it is unusable."""
-    commit = listing.get("commit") if isinstance(listing, dict) else None
-    if not (isinstance(commit, str) and COMMIT_RE.match(commit) and isinstance(listing.get("files"), dict)):
-        raise PlanError("the given listing of %s is not hf_snapshot's listing ({commit, files}); list the "
-                        "target again" % entry["repo_id"])
-    try:
-        files = hub_client.trusted(listing["files"], "the given listing of %s@%s" % (entry["repo_id"], commit[:12]),
-                                   "list the target again")
-        chosen = hub_client.select(files, entry["allow_patterns"], entry["ignore_patterns"], entry["repo_id"], commit)
-    except hub_client.HubError as exc:
-        raise PlanError(str(exc))
-    return {"commit": commit, "source": "given",
-            "files": [{"path": path, "size": e["size"], "etag": e.get("lfs_sha256") or e["blob_id"]}
-                      for path, e in chosen.items()]}
-
-
-def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=None, token=None,
-                http_endpoint_trusted: bool = False, listing=None) -> tuple:
-    """(target, listed): the target as disk_plan reports it (plan_target plus target_needs) and
-    its listing (list_target's, or ``listing`` made elsewhere; None when ``target_bytes`` says
-    what it needs)."""
-    listed = None
-    if target_bytes is None and listing is not None:
-        listed = given_listing(entry, listing)
-    elif target_bytes is None:
-        listed = list_target(
-            entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=endpoint,
-            token=token, allow_patterns=entry["allow_patterns"], ignore_patterns=entry["ignore_patterns"],
-            http_endpoint_trusted=http_endpoint_trusted)
-    target = plan_target(entry, name, target_bytes, listed)
-    if listed is not None:
-        target.update(target_needs(store, entry["repo_id"], listed["commit"], listed["files"], block_size))
-    return target, listed
 
 
 def chosen_candidates(store, texts, *, models, protections, served_items, allow_served_purge: bool,

@@ -27,8 +27,6 @@ discards it otherwise (see ``recovery``).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -217,19 +215,6 @@ def read(path: str):
 
 def dumps(record) -> str:
     return json.dumps(record, indent=1, sort_keys=True) + "\n"
-
-
-@contextlib.contextmanager
-def locked(path: str):
-    """Exclusive lock shared with every writer of the record (``<record>.lock``)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def write(path: str, record, mode: int = 0o644) -> None:

@@ -39,10 +39,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_manifest
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_trust
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import (
     HolderWatch, process_start, read_json_object)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store

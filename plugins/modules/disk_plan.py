@@ -268,7 +268,7 @@ timings:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_context
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 
 ACTION = "disk_plan"

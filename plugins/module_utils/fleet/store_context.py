@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
@@ -169,7 +170,7 @@ def plan(params: dict, action: str, commands, listing=None) -> tuple:
     headroom = disk_plan.parse_headroom(params["headroom"], fs["total_bytes"])
     entry = disk_plan.catalog_entry(params["models"], params["target"], "target") if params["target"] else None
     started = time.monotonic()
-    target, listed = disk_plan.read_target(
+    target, listed = read_target(
         store, entry, name=params["target"], target_bytes=params["target_bytes"], block_size=fs["block_size"],
         endpoint=params["endpoint"], token=params["token"], http_endpoint_trusted=params["http_endpoint_trusted"],
         listing=listing)
@@ -186,3 +187,22 @@ def plan(params: dict, action: str, commands, listing=None) -> tuple:
     result["timings"] = {k: round(v, 4) for k, v in timings.items()}
     warnings.extend(disk_plan.store_warnings(store))
     return result, warnings, store, state
+
+
+def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=None, token=None,
+                http_endpoint_trusted: bool = False, listing=None) -> tuple:
+    """(target, listed): the target as disk_plan reports it (plan_target plus target_needs) and
+    its listing (list_target's, or ``listing`` made elsewhere; None when ``target_bytes`` says
+    what it needs)."""
+    listed = None
+    if target_bytes is None and listing is not None:
+        listed = target_listing.given_listing(entry, listing)
+    elif target_bytes is None:
+        listed = target_listing.list_target(
+            entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=endpoint,
+            token=token, allow_patterns=entry["allow_patterns"], ignore_patterns=entry["ignore_patterns"],
+            http_endpoint_trusted=http_endpoint_trusted)
+    target = disk_plan.plan_target(entry, name, target_bytes, listed)
+    if listed is not None:
+        target.update(disk_plan.target_needs(store, entry["repo_id"], listed["commit"], listed["files"], block_size))
+    return target, listed

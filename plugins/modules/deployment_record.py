@@ -178,6 +178,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import locked
 
 
 def with_checksums(deployment, unit_file, env_file):
@@ -290,7 +291,7 @@ def main():
             answer(after, changed or bool(actions) or bool(recovered),
                    {"before": deployment_record.dumps(before) if before else "", "after": deployment_record.dumps(after),
                     "before_header": path, "after_header": path}, summary(actions), recovered)
-        with deployment_record.locked(path):
+        with locked(path):
             before = deployment_record.read(path)
             # a run that died after staging: publish what the record names, or drop what it never got
             recovery, manifest = found_staged(before)

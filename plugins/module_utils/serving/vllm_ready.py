@@ -14,7 +14,7 @@ process's systemd unit from ``/proc/PID/cgroup``, so a second vLLM sharing the p
 
 Before a server is stopped behind a load balancer, ``wait_until_idle`` waits until it has no
 request in flight: ``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` of the served
-model, read from ``/metrics`` (bench/vllm_metrics.py's parser), stay 0 for a settle time.
+model, read from ``/metrics`` (serving/vllm_metrics.py's parser), stay 0 for a settle time.
 
 The module vllm_ready is a thin shell over ``wait_until_ready`` / ``wait_until_stopped`` /
 ``wait_until_idle``: they take
@@ -33,7 +33,7 @@ import urllib.error
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import SSLValidationError, open_url
-from ansible_collections.modelswap.vllm.plugins.module_utils.bench.vllm_metrics import parse_metrics
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_metrics import parse_metrics
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import parse_systemctl_show
 
