@@ -20,7 +20,7 @@ LABCTL := $(BIN)/python -m tests.lab.labctl
 DEMO_VARS := -e vllm_service_cpu_affinity=0 -e '{"benchmark_cpu_affinity": [1]}'
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: help venv deps lab-up lab-down lab-reset lab-status lint unit test-unit test-lab test demo collection ee-context clean
+.PHONY: help venv deps lab-up lab-down lab-reset lab-status lint collection-check unit test-unit test-lab test demo collection ee-context clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,12 +50,19 @@ lab-reset: venv ## stop what the lab's hosts serve and remove modelswap's config
 lab-status: venv ## show the lab's hosts and services
 	$(LABCTL) status
 
-lint: venv ## ansible-lint (production profile), ansible-doc of every module, ansible-test sanity
+lint: venv ## ansible-lint (production profile), ansible-doc of every module, the collection's checks
 	$(BIN)/ansible-lint --profile production --nocolor
 	@for m in plugins/modules/*.py; do n=$$(basename $$m .py); \
 	  $(BIN)/ansible-doc -t module modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: $$n"; exit 1; }; \
 	  echo "ansible-doc ok: modelswap.vllm.$$n"; done
+	$(MAKE) collection-check
+
+collection-check: venv ## the built collection as a reviewer takes it: changelog, ansible-test sanity (pylint too) and units, docs lint; no lab
+	$(BIN)/antsibull-changelog lint
+	$(BIN)/antsibull-changelog lint-changelog-yaml changelogs/changelog.yaml
 	tests/sanity/run.sh
+	tests/sanity/run.sh units
+	cd build/sanity/ansible_collections/modelswap/vllm && $(abspath $(BIN))/antsibull-docs lint-collection-docs .
 
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
 	$(PYTEST) -m "unit or hub" -q

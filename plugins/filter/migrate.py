@@ -314,7 +314,7 @@ def _item_repo(item: str):
     (None, None) for a plain model folder."""
     if not isinstance(item, str) or "/" not in item or item.startswith("/"):
         return None, None
-    repo, _, commit = item.partition("@")
+    repo, _unused, commit = item.partition("@")
     return repo, commit or None
 
 

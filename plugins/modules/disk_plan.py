@@ -268,6 +268,7 @@ timings:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 
@@ -295,14 +296,13 @@ def main():
         result, warnings, _store, _state = store_context.plan(p, ACTION, HostCommands.of(module))
     except store_context.StoreError as exc:
         module.fail_json(msg=str(exc))
-    except disk_plan.PlanError as exc:
+    except plan_inputs.PlanError as exc:
         module.fail_json(msg="%s: %s" % (ACTION, exc))
     for warning in warnings:
         module.warn(warning)
     if p["fail_on_does_not_fit"] and result["verdict"] == "does_not_fit":
-        result.pop("changed")
-        module.fail_json(msg=disk_plan.does_not_fit_message(p["target"], result["filesystem"]["path"], result["reason"]),
-                         changed=False, **result)
+        result["changed"] = False
+        module.fail_json(msg=disk_plan.does_not_fit_message(p["target"], result["filesystem"]["path"], result["reason"]), **result)
     module.exit_json(**result)
 
 

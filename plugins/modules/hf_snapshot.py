@@ -430,6 +430,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_download
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_result
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_result import ACTION
@@ -483,13 +484,13 @@ def main():
     problem = hf_snapshot_result.options_problem(p)
     if problem:
         fail(hf_snapshot_result.Failed(problem, "bad_option"))
-    if not hf_snapshot.HAS_HF:
+    if not hf_download.HAS_HF:
         reason = ("to download %s (set ansible_python_interpreter, e.g. model_fetch_python, "
                   "to the vLLM virtualenv's python)" % p["repo_id"])
         module.fail_json(msg=missing_required_lib("huggingface_hub", reason=reason),
                          cause="missing_library", **base)
     try:
-        hf = hf_snapshot.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
+        hf = hf_download.load_hf(use_xet=p["use_xet"], offline=p["offline"], timeout=p["timeout"])
     except Exception as exc:  # a broken install is as good as none
         module.fail_json(msg=missing_required_lib("huggingface_hub", reason="it failed to import: %s" % exc),
                          exception=traceback.format_exc(), cause="missing_library", **base)

@@ -236,7 +236,7 @@ def main():
     p = module.params
     try:
         # read: the store, the roots, what the host serves
-        store, _ = store_context.scan(p, ACTION)
+        store, _unused = store_context.scan(p, ACTION)
         roots = model_purge.purge_roots(store, p["roots"])
         state = store_context.host_state(p, store, ACTION, HostCommands.of(module))
     except store_context.StoreError as exc:

@@ -348,7 +348,9 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_files
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_transfer
 
 ACTION = "peer_snapshot"
 
@@ -397,13 +399,13 @@ def main():
     copier = None
     try:
         if p["state"] == "copied" and not module.check_mode:
-            copier = peer_snapshot.rsync_copier(
+            copier = peer_transfer.rsync_copier(
                 HostCommands.of(module), source_cache_dir=p["source_cache_dir"] or p["cache_dir"],
                 serve_root=p["source_root"] or "", source=p["source"], user=p["source_user"], port=p["source_port"],
                 ssh_key=p["ssh_key"] or "", known_hosts=p["known_hosts"] or "",
                 connect_timeout=p["connect_timeout"], io_timeout=p["io_timeout"], bwlimit=p["bwlimit"])
         result = peer_snapshot.run(p, copier=copier, check_mode=module.check_mode)
-    except peer_snapshot.PeerError as exc:
+    except peer_files.PeerError as exc:
         # an undone copy or a rehash that dropped bad files changed the host
         module.fail_json(msg="%s: %s" % (ACTION, exc), cause=exc.cause,
                          **dict(exc.result, changed=bool(exc.result.get("removed"))))

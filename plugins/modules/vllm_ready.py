@@ -325,6 +325,7 @@ journal_errors:
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit_state
 
 
 def main():
@@ -369,10 +370,10 @@ def main():
         if params["state"] == "idle":
             result, failure = vllm_ready.wait_until_idle(params, budget)
         else:
-            unit = vllm_ready.UnitReader(HostCommands.of(module), params["unit"]) if params["unit"] else None
+            unit = vllm_unit_state.UnitReader(HostCommands.of(module), params["unit"]) if params["unit"] else None
             wait = vllm_ready.wait_until_stopped if params["state"] == "stopped" else vllm_ready.wait_until_ready
             result, failure = wait(params, unit, budget)
-    except vllm_ready.ReadyError as exc:
+    except vllm_unit_state.ReadyError as exc:
         module.fail_json(msg=str(exc))
     if failure:
         module.fail_json(msg=failure, **result)

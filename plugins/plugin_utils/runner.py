@@ -193,7 +193,7 @@ def status(inventory: str, **kwargs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="modelswap-runner", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="modelswap-runner", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("preview", "migrate", "status"):
         p = sub.add_parser(name)

@@ -10,8 +10,8 @@ repo's and revision's size, prints the figures, and removes the cache. Variants:
   hf.scan_cache_dir           huggingface_hub.scan_cache_dir() alone
   hf.scan+delete_revisions    what a plan costs with huggingface_hub's API: the scan, then one
                               delete_revisions(...).expected_freed_size per repo
-  model_store.scan_store (N threads)   modelswap's scanner with N threads (pays on a cold cache)
-  model_store.scan_store               modelswap's scanner (plugins/module_utils/store/model_store.py) alone, one thread
+  store_scan.scan_store (N threads)    modelswap's scanner with N threads (pays on a cold cache)
+  store_scan.scan_store                modelswap's scanner (plugins/module_utils/store/store_scan.py) alone, one thread
   model_store.plan (scan+order+sim)    the whole plan as disk_plan computes it: scan, protections, candidates
                               in LRU order, freed bytes per step (shared blobs once), the verdict
   disk_plan module            the Ansible module end to end (a process, as on a host), target_bytes
@@ -34,7 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / ".collections")]
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items  # noqa: E402
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store  # noqa: E402
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan  # noqa: E402
 from tests.support import synthetic_cache  # noqa: E402
 from tests.support.modules import run_module  # noqa: E402
 
@@ -57,10 +60,10 @@ def timed(fn, repeat, cold):
 
 
 def ms_plan(cache, workers):
-    store = model_store.scan_store(str(cache), workers=workers)
-    state = disk_plan.build_protections(store, models={}, protect_paths=[])
-    items, _ = disk_plan.all_candidates(store, state["protections"])
-    items = disk_plan.order_lru(store, items)
+    store = store_scan.scan_store(str(cache), workers=workers)
+    state = protections.build_protections(store, models={}, protect_paths=[])
+    items, _ = purge_items.all_candidates(store, state["protections"])
+    items = purge_items.order_lru(store, items)
     plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 15, headroom_bytes=0,
                                candidates=items, orphans=store.orphans)
     return store, plan
@@ -106,9 +109,9 @@ def main():
         rows.append(("hf.scan_cache_dir", t))
         t, (_, hf_freed) = timed(lambda: hf_plan(cache), args.repeat, args.cold)
         rows.append(("hf.scan+delete_revisions", t))
-        t, _ = timed(lambda: model_store.scan_store(str(cache), workers=args.workers), args.repeat, args.cold)
+        t, _ = timed(lambda: store_scan.scan_store(str(cache), workers=args.workers), args.repeat, args.cold)
         rows.append(("ms.scan_store (%d threads)" % args.workers, t))
-        t, store = timed(lambda: model_store.scan_store(str(cache)), args.repeat, args.cold)
+        t, store = timed(lambda: store_scan.scan_store(str(cache)), args.repeat, args.cold)
         rows.append(("ms.scan_store", t))
         t, (store, plan) = timed(lambda: ms_plan(cache, args.workers if args.cold else 1), args.repeat, args.cold)
         rows.append(("ms.plan (scan+order+sim)", t))

@@ -65,7 +65,7 @@ def run_killed_at(playbook: str, inventory: str, extra_vars: dict, *, kill_at: s
                 os.killpg(proc.pid, signal.SIGKILL)
                 out.append(f"[crash] the run passed its {timeout:.0f} s bound: killed\n")
                 break
-        rest, _ = proc.communicate(timeout=60)
+        rest, _unused = proc.communicate(timeout=60)
         out.append(rest or "")
     finally:
         if proc.poll() is None:
@@ -116,7 +116,7 @@ def convergence_problems(lab, host: str, key: str, target: str, before: str) -> 
         problems.append("saved/active is not the target's unit")
     if lab.ssh(host, f"test -e {DRAIN_MARK}", check=False).returncode == 0:
         problems.append("the drain mark is still there")
-    for model in {target, before}:
+    for model in dict.fromkeys((target, before)):   # each once, in order
         # an LFS blob is named by its sha256: every one must hash to its name
         check = lab.ssh(host, f"cd /var/lib/modelswap/hf/hub/models--lab--{model}/blobs && "
                               "ls | grep -E '^[0-9a-f]{64}$' | sed 's/.*/&  &/' | grep . | sha256sum -c --quiet",

@@ -207,7 +207,7 @@ class LoadRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--url", required=True, help="the load balancer's base URL")
     parser.add_argument("--api-key-file", help="a file holding the API key (the lab's: <state dir>/api_key)")
     parser.add_argument("--model", help="the request's model (default: left out)")

@@ -14,6 +14,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Where `ansible_collections.modelswap.vllm` imports from: the repo's .collections link, or the
+# folder above ansible_collections/ when this runs from an installed collection (ansible-test units).
+COLLECTIONS = REPO / ".collections" if (REPO / ".collections").is_dir() else REPO.parents[2]
 
 
 def run_module(name: str, args: dict | None = None, *, check_mode: bool = False,
@@ -26,7 +29,7 @@ def run_module(name: str, args: dict | None = None, *, check_mode: bool = False,
         json.dump({"ANSIBLE_MODULE_ARGS": payload}, fh)
         args_file = fh.name
     run_env = dict(os.environ)
-    run_env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), run_env.get("PYTHONPATH", "")])
+    run_env["PYTHONPATH"] = os.pathsep.join([str(COLLECTIONS), run_env.get("PYTHONPATH", "")])
     run_env.update(env or {})
     try:
         proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), args_file],

@@ -78,7 +78,7 @@ def test_benchmark_probe_bad_input(sim, what, over, fragment):
     assert result.get("failed") is True, result
     assert fragment in result["msg"], result["msg"]
     # nothing changed: the probe sends at most its two one-token requests, never load
-    _, gen = counters(sim)
+    _unused, gen = counters(sim)
     assert gen - before[1] <= 2
     assert KEY not in json.dumps(result) and "not-the-key" not in json.dumps(result)
 

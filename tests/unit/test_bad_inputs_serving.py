@@ -2,7 +2,7 @@
 one row each: what was tried, the error it gets, and that nothing changed.
 
 - PURE_ROWS run the pure functions the role's validate step calls (plugins/module_utils/serving/vllm_unit.py,
-  model_store, snapshot_check): they raise or return the problem, and write nothing.
+  cache_layout, snapshot_check): they raise or return the problem, and write nothing.
 - ROLE_ROWS are the same refusals through the role on a lab host that serves a model:
   tests/integration/test_vllm_routes_lab.py runs each one and checks that the run failed in the
   validate step with this message, that the unit, its environment files and the deployment
@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.filter.catalog import FilterModule as CatalogFilters
 from ansible_collections.modelswap.vllm.plugins.filter.vllm_service import FilterModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store, snapshot_check
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout, snapshot_check
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
@@ -54,7 +54,7 @@ def unit_problems(**change):
 def raises(func, *a):
     try:
         func(*a)
-    except (vllm_unit.ArgsError, model_store.StoreError) as exc:
+    except (vllm_unit.ArgsError, cache_layout.StoreError) as exc:
         return str(exc)
     return ""
 
@@ -140,12 +140,12 @@ PURE_ROWS = [
      "may name only the probes"),
     ("open routes without /health", lambda: unit_problems(open_routes=["/metrics"]), "must keep /health"),
     # --- the shared identifier rules ($ accepted a trailing newline)
-    ("model_store repo id, trailing newline", lambda: raises(model_store.validate_repo_id, "org/name\n"),
+    ("cache_layout repo id, trailing newline", lambda: raises(cache_layout.validate_repo_id, "org/name\n"),
      "is malformed"),
     ("snapshot_check repo id, trailing newline",
      lambda: snapshot_check.check("m", "org/name\n", "a" * 40, cache_dir="/nonexistent")["reason"], "is malformed"),
-    ("model_store commit, trailing newline",
-     lambda: "" if model_store.COMMIT_RE.match("a" * 40 + "\n") else "not a commit", "not a commit"),
+    ("cache_layout commit, trailing newline",
+     lambda: "" if cache_layout.COMMIT_RE.match("a" * 40 + "\n") else "not a commit", "not a commit"),
     ("snapshot_check commit, trailing newline",
      lambda: "" if snapshot_check.COMMIT_RE.match("a" * 40 + "\n") else "not a commit", "not a commit"),
 ]
@@ -248,6 +248,7 @@ def test_role_rows_are_refused_by_the_same_functions(row, change, message):
     assert MARKER not in found
 
 
+@pytest.mark.repo
 def test_the_example_catalog_passes_the_rules():
     """The rules refuse nothing a real catalog holds (inventory/example's models)."""
     import yaml

@@ -82,7 +82,7 @@ def test_files_are_written_only_when_their_content_changes(tmp_path):
     names = benchmark_report.changed_files(str(tmp_path), files)
     assert names == sorted(files)
     benchmark_report.write_files(str(tmp_path), files, names)
-    again, _ = benchmark_report.plan_files(report_of(synthetic_run()), plots=True)
+    again, _unused = benchmark_report.plan_files(report_of(synthetic_run()), plots=True)
     assert benchmark_report.changed_files(str(tmp_path), again) == []                         # same run: nothing to write
     assert oct((tmp_path / "report.json").stat().st_mode & 0o777) == "0o644"
 

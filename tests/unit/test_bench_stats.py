@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
 def test_percentiles_and_std_match_numpy(n):
     rng = random.Random(n)
-    vals = [rng.expovariate(1 / 20) for _ in range(n)]
+    vals = [rng.expovariate(1 / 20) for _unused in range(n)]
     s = bench_stats.summarize(vals)
     for p, key in ((50, "median"), (90, "p90"), (99, "p99")):
         assert s[key] == pytest.approx(float(np.percentile(vals, p)), rel=1e-12)
@@ -61,8 +61,8 @@ def test_tpot_needs_more_than_one_token_and_output_tokens_fall_back_to_chunks():
 def test_multi_token_chunks_spread_usage_over_chunks():
     rec = chat_record(offsets=(0.05, 0.05, 0.07), usage=(10, 8))      # 2 token chunks of 4
     arr = bench_stats.token_arrivals(rec)
-    assert [round(t - 100.0, 3) for t, _ in arr] == [0.05, 0.07]
-    assert [n for _, n in arr] == [4.0, 4.0]
+    assert [round(t - 100.0, 3) for t, _unused in arr] == [0.05, 0.07]
+    assert [n for _unused, n in arr] == [4.0, 4.0]
 
 
 @pytest.mark.parametrize("rec, ok", [
@@ -218,7 +218,7 @@ def test_compare_says_better_or_worse_by_how_much():
     assert rows[(8, "ttft_ms.median")]["change"] == pytest.approx(-0.2)
     assert rows[(16, "output_throughput")]["verdict"] == "worse"
     assert rows[(16, "output_throughput")]["change"] == pytest.approx(-0.25)
-    assert not any(c == 32 for c, _ in rows)                             # invalid before: not compared
+    assert not any(c == 32 for c, _unused in rows)                             # invalid before: not compared
 
 
 # --- the ladder's settings ---------------------------------------------------------------------------
@@ -338,7 +338,7 @@ def test_parse_metrics_keeps_the_served_models_samples():
             'vllm:num_requests_running{engine="1",model_name="a"} 2.0\n'
             'vllm:num_requests_running{engine="0",model_name="b"} 7.0\n'
             '# HELP x\nvllm:generation_tokens_total{model_name="a"} 1.5e3\n')
-    values, _ = vllm_metrics.parse_metrics(text, "a")
+    values, _unused = vllm_metrics.parse_metrics(text, "a")
     assert values["vllm:num_requests_running"] == 5.0
     assert values["vllm:generation_tokens_total"] == 1500.0
 
@@ -448,6 +448,7 @@ def test_the_plan_lines_name_the_ladder_windows_bounds_and_target():
     assert lines[-1] == "  WARNING: a warning"
 
 
+@pytest.mark.repo
 def test_the_locustfile_reads_metrics_with_the_probes_rules():
     """The load generator samples /metrics during a run; it must read what the probe reads. The
     role ships the probe's parser beside the locustfile (a link), and the locustfile maps it to

@@ -45,6 +45,7 @@ def benchmark_names(settings):
     return {"benchmark_concurrency" if k == "modelswap_benchmark_concurrency" else k: v for k, v in settings.items()}
 
 
+@pytest.mark.repo
 def test_the_example_inventory_sets_only_names_both_playbooks_read():
     settings = example_settings()
     assert settings, "the example sets benchmark settings"
@@ -61,6 +62,7 @@ def test_the_example_inventory_sets_only_names_both_playbooks_read():
         master_on_controller: True}
 
 
+@pytest.mark.repo
 def test_a_ladder_set_once_in_the_inventory_is_the_one_both_playbooks_run(tmp_path):
     # a ladder that differs from every default: without one name for both playbooks,
     # playbooks/benchmark.yml ran its own default [1, 8, ..., 1024] here
@@ -77,6 +79,7 @@ def test_a_ladder_set_once_in_the_inventory_is_the_one_both_playbooks_run(tmp_pa
     assert standalone["__benchmark_results_dir"] == os.path.join(os.path.realpath(REPO), "site-results", "benchmark")
 
 
+@pytest.mark.repo
 def test_results_default_to_the_working_directory_for_both_roles(tmp_path):
     inv = inventory_copy(tmp_path, {})
     bench = resolved(inv, "playbooks/migrate.yml", ["__benchmark_results_dir", "__migrate_results_dir"])

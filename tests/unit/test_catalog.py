@@ -9,7 +9,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.modelswap.vllm.plugins.filter.catalog import catalog_entry, catalog_problems
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOOD = {"repo_id": "lab/tiny-a", "revision": "main", "served_model_name": "tiny-a",
@@ -20,7 +20,7 @@ GOOD = {"repo_id": "lab/tiny-a", "revision": "main", "served_model_name": "tiny-
 def test_single_name_and_namespaced_repo_ids_are_accepted(repo_id):
     assert catalog.repo_id_problem(repo_id) == ""
     assert catalog.entry_problems("m", dict(GOOD, repo_id=repo_id)) == []
-    assert model_store.validate_repo_id(repo_id) == repo_id
+    assert cache_layout.validate_repo_id(repo_id) == repo_id
 
 
 @pytest.mark.parametrize("repo_id, says", [
@@ -31,8 +31,8 @@ def test_single_name_and_namespaced_repo_ids_are_accepted(repo_id):
 def test_bad_repo_ids_are_named(repo_id, says):
     problem = catalog.repo_id_problem(repo_id)
     assert says in problem
-    with pytest.raises(model_store.StoreError) as exc:
-        model_store.validate_repo_id(repo_id)
+    with pytest.raises(cache_layout.StoreError) as exc:
+        cache_layout.validate_repo_id(repo_id)
     assert str(exc.value) == problem                 # the store says what the catalog says
 
 

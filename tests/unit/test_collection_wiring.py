@@ -5,7 +5,7 @@ import pytest
 
 from tests.support.modules import REPO, run_module
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.repo]
 
 
 def test_the_code_lives_in_plugins_and_the_top_level_links_point_there():

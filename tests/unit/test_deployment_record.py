@@ -33,24 +33,24 @@ def test_first_deployment_has_no_previous_and_keeps_foreign_keys():
 
 
 def test_same_deployment_changes_nothing_not_even_when():
-    rec, _ = deployment_record.record_deployment(None, A, "t1")
+    rec, _unused = deployment_record.record_deployment(None, A, "t1")
     again, changed = deployment_record.record_deployment(rec, dict(A), "t2")
     assert not changed and again == rec and again["when"] == "t1"
 
 
 def test_new_deployment_moves_the_current_to_previous_without_nesting():
-    r1, _ = deployment_record.record_deployment({"fetched": FETCHED}, A, "t1")
+    r1, _unused = deployment_record.record_deployment({"fetched": FETCHED}, A, "t1")
     r2, changed = deployment_record.record_deployment(r1, B, "t2")
     assert changed and r2["model"] == "tiny-b" and r2["when"] == "t2"
     assert r2["previous"] == dict(A, when="t1")
-    r3, _ = deployment_record.record_deployment(r2, A, "t3")           # a rollback is the previous deployed again
+    r3, _unused = deployment_record.record_deployment(r2, A, "t3")           # a rollback is the previous deployed again
     assert r3["model"] == "tiny-a" and r3["previous"] == dict(B, when="t2")
     assert "previous" not in r3["previous"]
     assert r3["fetched"] == FETCHED
 
 
 def test_any_deployment_key_counts_as_a_change():
-    r1, _ = deployment_record.record_deployment(None, A, "t1")
+    r1, _unused = deployment_record.record_deployment(None, A, "t1")
     r2, changed = deployment_record.record_deployment(r1, dict(A, unit_checksum="9" * 64), "t2")
     assert changed and r2["previous"]["unit_checksum"] == "1" * 64
 
@@ -75,7 +75,7 @@ def test_bad_deployments_are_refused(deployment, message):
 
 def test_written_record_is_what_the_other_readers_expect(tmp_path):
     path = str(tmp_path / "deployment.json")
-    rec, _ = deployment_record.record_deployment(None, A, "t1")
+    rec, _unused = deployment_record.record_deployment(None, A, "t1")
     deployment_record.write(path, rec)
     # issue 3's reader (the purge never removes the served model)
     assert served_model.read_deployment_record(path) == {
@@ -83,7 +83,7 @@ def test_written_record_is_what_the_other_readers_expect(tmp_path):
     # model_fetch notes fetched models under the same lock; both keys survive each other's writes
     hf_manifest.update_record(path, "tiny-b", {"repo_id": "lab/tiny-b", "commit": "b" * 40})
     assert deployment_record.read(path)["model"] == "tiny-a"
-    rec2, _ = deployment_record.record_deployment(deployment_record.read(path), B, "t2")
+    rec2, _unused = deployment_record.record_deployment(deployment_record.read(path), B, "t2")
     deployment_record.write(path, rec2)
     assert deployment_record.read(path)["fetched"]["tiny-b"]["commit"] == "b" * 40
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"

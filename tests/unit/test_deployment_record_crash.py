@@ -20,7 +20,7 @@ import tempfile
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
-from tests.support.modules import REPO, run_module
+from tests.support.modules import COLLECTIONS, REPO, run_module
 from tests.support.scratch_fs import tree_fingerprint
 
 pytestmark = pytest.mark.unit
@@ -91,7 +91,7 @@ def run_faulted(args: dict, fault: dict) -> dict:
         json.dump({"ANSIBLE_MODULE_ARGS": payload}, fh)
         args_file = fh.name
     env = dict(os.environ, MODELSWAP_TEST_FAULT=json.dumps(fault))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(COLLECTIONS), env.get("PYTHONPATH", "")])
     try:
         proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "plugins" / "modules" / "deployment_record.py"),
                                args_file], capture_output=True, text=True, env=env, timeout=300)

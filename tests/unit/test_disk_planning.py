@@ -9,8 +9,14 @@ from huggingface_hub.utils import filter_repo_objects
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import target_needs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.protections import build_protections, protect_model, protecting
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
 from tests.support import synthetic_cache
 
 pytestmark = pytest.mark.unit
@@ -53,12 +59,12 @@ def store(tmp_path):
         synthetic_cache.set_last_used(cache, repo_id, now - age)
     for p in (models / "scratch").rglob("*"):
         os.utime(p, (now - 700, now - 700))
-    return model_store.scan_store(str(cache), str(models))
+    return store_scan.scan_store(str(cache), str(models))
 
 
 def protections(store, **kw):
-    return disk_plan.build_protections(store, models=MODELS, target="target", keep=["keeper"],
-                                       served="served", **kw)
+    return build_protections(store, models=MODELS, target="target", keep=["keeper"],
+                             served="served", **kw)
 
 
 def orphans_of(store):
@@ -71,21 +77,21 @@ def item_bytes(store, *items):
 
 
 def test_target_needs_only_what_is_not_cached(store):
-    needs = disk_plan.target_needs(store, "org/target", "9" * 40, TARGET_FILES, 4096)
+    needs = target_needs.target_needs(store, "org/target", "9" * 40, TARGET_FILES, 4096)
     assert needs["cached_bytes"] == 7 + 300 * KB
     assert needs["download_bytes"] == 500 * KB and needs["missing_files"] == 1
     # new blocks rounded up + one link block per file of the new snapshot
-    assert needs["needed_bytes"] == model_store.round_up(500 * KB, 4096) + 3 * 4096
-    nothing = disk_plan.target_needs(store, "org/absent", "9" * 40, TARGET_FILES, 4096)
+    assert needs["needed_bytes"] == cache_layout.round_up(500 * KB, 4096) + 3 * 4096
+    nothing = target_needs.target_needs(store, "org/absent", "9" * 40, TARGET_FILES, 4096)
     assert nothing["cached_bytes"] == 0 and nothing["missing_files"] == 3
-    dup = disk_plan.target_needs(store, "org/absent", "", TARGET_FILES + [dict(TARGET_FILES[2], path="copy")], 4096)
+    dup = target_needs.target_needs(store, "org/absent", "", TARGET_FILES + [dict(TARGET_FILES[2], path="copy")], 4096)
     assert dup["missing_files"] == 3 and dup["download_bytes"] == 7 + 300 * KB + 500 * KB
 
 
 def test_candidates_skip_protected_and_order_lru(store):
     state = protections(store)
-    items, excluded = disk_plan.all_candidates(store, state["protections"])
-    ordered = [i.ident for i in disk_plan.order_lru(store, items)]
+    items, excluded = purge_items.all_candidates(store, state["protections"])
+    ordered = [i.ident for i in purge_items.order_lru(store, items)]
     assert ordered[0] == "org/old" and ordered[1].endswith("/models/scratch")
     assert ordered[2] == "org/target@" + T1      # not the pinned target commit
     why = {e["item"]: e["why"] for e in excluded}
@@ -93,13 +99,13 @@ def test_candidates_skip_protected_and_order_lru(store):
     assert "keep list" in why["org/keep@" + K]
     # the target's cached v1 holds the shard it reuses: excluded when the planner knows the files
     reuse = ("models--org--target", {f["etag"] for f in TARGET_FILES})
-    items2, excluded2 = disk_plan.all_candidates(store, state["protections"], reuse=reuse)
+    items2, excluded2 = purge_items.all_candidates(store, state["protections"], reuse=reuse)
     assert "org/target@" + T1 not in [i.ident for i in items2]
     assert any("reuses" in e["why"] for e in excluded2)
 
 
 def _items(store, *texts):
-    return [disk_plan.resolve_item(store, t, MODELS) for t in texts]
+    return [purge_items.resolve_item(store, t, MODELS) for t in texts]
 
 
 # (case, available bytes, needed, headroom, candidate texts, with orphans, allow served,
@@ -132,7 +138,7 @@ PLANS = [
 def test_plan(store, available, needed, headroom, cands, with_orphans, allow, verdict, purge, extra):
     state = protections(store)
     if cands is None:
-        items = disk_plan.order_lru(store, disk_plan.all_candidates(store, state["protections"])[0])
+        items = purge_items.order_lru(store, purge_items.all_candidates(store, state["protections"])[0])
     else:
         items = _items(store, *cands)
     fs = {"available": available, "block_size": 4096}
@@ -155,7 +161,7 @@ def test_plan(store, available, needed, headroom, cands, with_orphans, allow, ve
 
 def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     state = protections(store)
-    items = disk_plan.order_lru(store, disk_plan.all_candidates(store, state["protections"])[0])
+    items = purge_items.order_lru(store, purge_items.all_candidates(store, state["protections"])[0])
     plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0,
                                candidates=items, orphans=orphans_of(store))
     sim = model_store.DeletionSimulator(store)
@@ -170,7 +176,7 @@ def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     ("1.5G", int(1.5 * 1024 ** 3)), ("2GB", 2 * 1000 ** 3), ("1T", 1024 ** 4), (4096, 4096),
 ])
 def test_parse_bytes(text, expected):
-    assert disk_plan.parse_bytes(text) == expected
+    assert plan_inputs.parse_bytes(text) == expected
 
 
 @pytest.mark.parametrize("text,words", [
@@ -178,22 +184,22 @@ def test_parse_bytes(text, expected):
     (True, "not a size"),
 ])
 def test_parse_bytes_errors(text, words):
-    with pytest.raises(disk_plan.PlanError, match=words):
-        disk_plan.parse_bytes(text)
+    with pytest.raises(plan_inputs.PlanError, match=words):
+        plan_inputs.parse_bytes(text)
 
 
 @pytest.mark.parametrize("text,total,expected", [
     ("5%", 1000, 50), ("0%", 1000, 0), ("100%", 1000, 1000), ("12.5%", 800, 100), ("1K", 10, 1024),
 ])
 def test_parse_headroom(text, total, expected):
-    assert disk_plan.parse_headroom(text, total) == expected
+    assert plan_inputs.parse_headroom(text, total) == expected
 
 
 @pytest.mark.parametrize("text,words", [("-5%", "negative"), ("101%", "over 100"), ("x%", "percentage"),
                                         ("-1G", "negative")])
 def test_parse_headroom_errors(text, words):
-    with pytest.raises(disk_plan.PlanError, match=words):
-        disk_plan.parse_headroom(text, 1000)
+    with pytest.raises(plan_inputs.PlanError, match=words):
+        plan_inputs.parse_headroom(text, 1000)
 
 
 PATHS = ["config.json", "model-00001.safetensors", "sub/dir/x.bin", ".gitattributes", "original/consolidated.pth",
@@ -219,12 +225,12 @@ def test_filter_paths_matches_huggingface_hub(allow, ignore):
     ("x", {"x": "a/b"}, "not a mapping"),
 ])
 def test_catalog_errors(name, models, words):
-    with pytest.raises(disk_plan.PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        disk_plan.catalog_entry(models, name, "target")
+    with pytest.raises(plan_inputs.PlanError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        plan_inputs.catalog_entry(models, name, "target")
 
 
 def test_catalog_entry_defaults():
-    e = disk_plan.catalog_entry({"m": {"repo_id": "a/b"}}, "m", "target")
+    e = plan_inputs.catalog_entry({"m": {"repo_id": "a/b"}}, "m", "target")
     assert e == {"name": "m", "repo_id": "a/b", "revision": "main", "allow_patterns": None,
                  "ignore_patterns": None}
 
@@ -242,77 +248,77 @@ def test_catalog_entry_defaults():
 ])
 def test_resolve_item(store, text, kind, ident):
     fmt = {"cache": store.cache_dir, "models": store.models_dir}
-    item = disk_plan.resolve_item(store, text.format(**fmt), MODELS)
+    item = purge_items.resolve_item(store, text.format(**fmt), MODELS)
     assert item.kind == kind and item.ident == ident.format(**fmt)
 
 
 @pytest.mark.parametrize("text,error,words", [
-    ("org/absent", disk_plan.NotInStore, "not in the model store"),
-    ("org/old@" + "f" * 40, disk_plan.NotInStore, "not cached"),
-    ("target", disk_plan.NotInStore, "not in the cache"),
-    ("org/na me", disk_plan.PlanError, "malformed"),
-    ("a/b/c", disk_plan.PlanError, "malformed"),
-    ("org/old@bad ref!", disk_plan.PlanError, "neither a commit"),
-    ("{cache}/models--org--old/blobs", disk_plan.PlanError, "not a purgeable item"),
-    ("{models}/scratch/w.bin", disk_plan.PlanError, "only whole model directories"),
-    ("/etc", disk_plan.PlanError, "outside the model store"),
-    ("", disk_plan.PlanError, "empty"),
+    ("org/absent", plan_inputs.NotInStore, "not in the model store"),
+    ("org/old@" + "f" * 40, plan_inputs.NotInStore, "not cached"),
+    ("target", plan_inputs.NotInStore, "not in the cache"),
+    ("org/na me", plan_inputs.PlanError, "malformed"),
+    ("a/b/c", plan_inputs.PlanError, "malformed"),
+    ("org/old@bad ref!", plan_inputs.PlanError, "neither a commit"),
+    ("{cache}/models--org--old/blobs", plan_inputs.PlanError, "not a purgeable item"),
+    ("{models}/scratch/w.bin", plan_inputs.PlanError, "only whole model directories"),
+    ("/etc", plan_inputs.PlanError, "outside the model store"),
+    ("", plan_inputs.PlanError, "empty"),
 ])
 def test_resolve_item_errors(store, text, error, words):
     fmt = {"cache": store.cache_dir, "models": store.models_dir}
     with pytest.raises(error, match=words):
-        disk_plan.resolve_item(store, text.format(**fmt), MODELS)
+        purge_items.resolve_item(store, text.format(**fmt), MODELS)
 
 
 def test_ambiguous_item(store, tmp_path):
     synthetic_cache.add_revision(tmp_path / "hub", "scratch", V1, {"a": b"1"})
-    store2 = model_store.scan_store(store.cache_dir, store.models_dir)
-    with pytest.raises(disk_plan.PlanError, match="ambiguous"):
-        disk_plan.resolve_item(store2, "scratch", MODELS)
+    store2 = store_scan.scan_store(store.cache_dir, store.models_dir)
+    with pytest.raises(plan_inputs.PlanError, match="ambiguous"):
+        purge_items.resolve_item(store2, "scratch", MODELS)
 
 
 def test_served_from_record_path_and_unit(store):
     snap = store.repo("org/old").revisions[V2].path
     record = {"model": "old-2", "repo_id": None, "commit": None, "path": snap + "/"}
-    state = disk_plan.build_protections(store, models=MODELS, record=record, record_path="/r.json",
-                                        unit={"model": "org/keep", "active": True, "unit_state": "active"},
-                                        unit_name="vllm.service")
+    state = build_protections(store, models=MODELS, record=record, record_path="/r.json",
+                              unit={"model": "org/keep", "active": True, "unit_state": "active"},
+                              unit_name="vllm.service")
     prot = state["protections"]
-    old_v2 = disk_plan.resolve_item(store, "org/old@" + V2, MODELS)
-    old_v1 = disk_plan.resolve_item(store, "org/old@" + V1, MODELS)
-    keep_repo = disk_plan.resolve_item(store, "org/keep", MODELS)
-    assert "deployment record /r.json" in disk_plan.protecting(old_v2, prot).label
-    assert disk_plan.protecting(old_v1, prot) is None                     # another revision may go
-    assert "unit vllm.service" in disk_plan.protecting(keep_repo, prot).label   # a repo id: every revision
+    old_v2 = purge_items.resolve_item(store, "org/old@" + V2, MODELS)
+    old_v1 = purge_items.resolve_item(store, "org/old@" + V1, MODELS)
+    keep_repo = purge_items.resolve_item(store, "org/keep", MODELS)
+    assert "deployment record /r.json" in protecting(old_v2, prot).label
+    assert protecting(old_v1, prot) is None                     # another revision may go
+    assert "unit vllm.service" in protecting(keep_repo, prot).label   # a repo id: every revision
     assert state["served"]["sources"] == ["deployment_record", "unit"]
     assert state["served"]["unit_active"] is True
     assert [i.ident for i in state["served_items"]] == ["org/old@" + V2, "org/keep"]
 
 
 def test_served_model_that_is_also_kept_is_not_a_served_purge_item(store):
-    state = disk_plan.build_protections(store, models=MODELS, served="keeper", keep=["keeper"])
+    state = build_protections(store, models=MODELS, served="keeper", keep=["keeper"])
     assert state["served_items"] == []
 
 
 def test_plain_dir_protected_by_a_path_inside_it(store):
-    d = disk_plan.resolve_item(store, "scratch", MODELS)
-    state = disk_plan.build_protections(store, protect_paths=[store.dirs["scratch"].path + "/w.bin"])
-    assert disk_plan.protecting(d, state["protections"]).rule == "path"
+    d = purge_items.resolve_item(store, "scratch", MODELS)
+    state = build_protections(store, protect_paths=[store.dirs["scratch"].path + "/w.bin"])
+    assert protecting(d, state["protections"]).rule == "path"
 
 
 def test_branch_revision_protected_through_the_cached_ref(store):
-    p = disk_plan.protect_model(store, "org/old", "main", "keep", "kept")
+    p = protect_model(store, "org/old", "main", "keep", "kept")
     assert p.commit == V2
-    unresolved = disk_plan.protect_model(store, "org/old", "dev", "keep", "kept")
+    unresolved = protect_model(store, "org/old", "dev", "keep", "kept")
     assert unresolved.commit == ""   # every revision: the branch cannot be pinned from the cache
 
 
 # ------------------------------------------------------------------ what the module shell calls
 def test_read_target_with_explicit_bytes_asks_no_hub(tmp_path):
-    store = model_store.scan_store("", "")
+    store = store_scan.scan_store("", "")
     entry = {"repo_id": "org/new", "revision": "b" * 40, "allow_patterns": None, "ignore_patterns": None}
     target, listed = store_context.read_target(store, entry, name="t", target_bytes=1000, block_size=4096,
-                                           endpoint="http://127.0.0.1:9")
+                                               endpoint="http://127.0.0.1:9")
     assert listed is None
     assert target["source"] == "explicit" and target["needed_bytes"] == 1000 and target["commit"] == "b" * 40
 
@@ -321,7 +327,7 @@ def test_store_warnings_and_the_does_not_fit_message(tmp_path):
     cache = tmp_path / "hub"
     synthetic_cache.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
     os.symlink("../../blobs/" + "0" * 64, cache / synthetic_cache.folder_for("org/one") / "snapshots" / ("a" * 40) / "gone.bin")
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     warnings = disk_plan.store_warnings(store)
     assert len(warnings) == 1 and warnings[0].startswith("disk_plan: cache repo org/one: ") and "broken" in warnings[0]
     assert (disk_plan.does_not_fit_message(None, "/data", "needs more") ==
@@ -333,6 +339,6 @@ def test_orphan_in_use_only_while_a_lock_is_held(tmp_path):
     cache = tmp_path / "hub"
     synthetic_cache.add_revision(cache, "org/one", "a" * 40, {"config.json": b"{}"})
     synthetic_cache.add_orphan(cache, "org/one", "e" * 64, 100)
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     (orphan,) = store.orphans
     assert disk_plan.orphan_in_use(store)(orphan) is False

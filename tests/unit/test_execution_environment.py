@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from tests.support.modules import REPO
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.repo]
 
 BIN = Path(sys.executable).parent
 TARBALL = "modelswap-vllm.tar.gz"
@@ -58,7 +58,7 @@ def context(tmp_path_factory):
 
 
 def test_containerfile_installs_python_ansible_and_the_collection(context):
-    ctx, _ = context
+    ctx, _unused = context
     containerfile = (ctx / "Containerfile").read_text()
     definition = yaml.safe_load((REPO / "execution-environment.yml").read_text())
     assert definition["version"] == 3
@@ -74,7 +74,7 @@ def test_containerfile_installs_python_ansible_and_the_collection(context):
 
 
 def test_context_carries_the_built_collection(context):
-    ctx, _ = context
+    ctx, _unused = context
     galaxy = yaml.safe_load((ctx / "_build" / "requirements.yml").read_text())
     assert galaxy["collections"] == [{"name": f"/build/collections/{TARBALL}", "type": "file"}]
     # the Containerfile copies _build to /build, so that name is this file in the image
@@ -88,7 +88,7 @@ def test_context_carries_the_built_collection(context):
 
 def test_image_gets_the_collections_python_requirements(context, tmp_path):
     """The builder stage's step, replayed: introspect the installed collection, as in the image."""
-    ctx, _ = context
+    ctx, _unused = context
     # --force: the repo's own collections path (ansible.cfg) already holds modelswap.vllm
     run(BIN / "ansible-galaxy", "collection", "install", "--offline", "--force", "-p", tmp_path / "collections",
         ctx / "_build" / "collections" / TARBALL)

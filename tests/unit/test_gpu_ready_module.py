@@ -20,7 +20,7 @@ import pynvml
 import pytest
 
 from tests.support.fake_pynvml import gpu
-from tests.support.modules import REPO, run_module
+from tests.support.modules import COLLECTIONS, REPO, run_module
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +40,7 @@ def warnings(result):
 def run_fake(tmp_path, scenario, args=None, **kw):
     path = tmp_path / "scenario.json"
     path.write_text(json.dumps(scenario))
-    env = {"PYTHONPATH": os.pathsep.join([str(SHIM), str(REPO / ".collections")]),
+    env = {"PYTHONPATH": os.pathsep.join([str(SHIM), str(COLLECTIONS)]),
            "MODELSWAP_FAKE_NVML": str(path)}
     return run_module("gpu_ready", args or {}, env=env, **kw)
 
@@ -105,7 +105,7 @@ def test_no_binding_and_no_driver_is_no_gpus(tmp_path):
     shadow = tmp_path / "nobinding"
     shadow.mkdir()
     (shadow / "pynvml.py").write_text("raise ImportError('No module named pynvml')\n")
-    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(REPO / ".collections")])}
+    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(COLLECTIONS)])}
     result = run_module("gpu_ready", {}, env=env)
     assert result.get("failed") is not True, result
     assert result["gpus"] == []
@@ -125,7 +125,7 @@ def test_no_binding_but_a_driver_is_missing_required_lib(tmp_path):
                                   + donor, "/lib64/" + donor, "/usr/lib64/" + donor)
                       if os.path.exists(p))
     shutil.copy(donor_path, libdir / "libnvidia-ml.so.1")
-    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(REPO / ".collections")]),
+    env = {"PYTHONPATH": os.pathsep.join([str(shadow), str(COLLECTIONS)]),
            "LD_LIBRARY_PATH": str(libdir)}
     result = run_module("gpu_ready", {}, env=env)
     assert result["failed"] is True
@@ -357,7 +357,7 @@ def test_shm_cleanup_without_become_removes_nothing(public_dir):
     # the venv, as a module finds it on a host.
     site = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p + "/ansible")]
     env = dict(os.environ, HOME=str(work),
-               PYTHONPATH=os.pathsep.join([str(REPO / ".collections")] + site))
+               PYTHONPATH=os.pathsep.join([str(COLLECTIONS)] + site))
     python = shutil.which("python3", path="/usr/bin:/bin")
     proc = subprocess.run([python, str(REPO / "plugins" / "modules" / "gpu_ready.py"), str(args)],
                           capture_output=True, text=True, env=env, user=nobody.pw_uid,

@@ -108,7 +108,7 @@ def test_fake_returns_real_types_and_raises_real_errors():
 def test_all_free_reads_every_fact():
     scenario = {"devices": [gpu(0), gpu(1)], "topology": {"0-1": pynvml.NVML_TOPOLOGY_SINGLE},
                 "nvlink_p2p": []}
-    res, fake, _ = run(scenario, tensor_parallel_size=2, gpu_memory_utilization=0.9)
+    res, fake, _unused = run(scenario, tensor_parallel_size=2, gpu_memory_utilization=0.9)
     assert res["ready"] is True and res["problems"] == []
     assert res["available"] is True and res["polls"] == 1
     assert res["system"] == {"driver_version": "550.54.15", "cuda_driver_version": "12.4",
@@ -132,7 +132,7 @@ def test_all_free_reads_every_fact():
 def test_nvlink_topology_and_active_links():
     scenario = {"devices": [gpu(0, nvlinks=[1] * 18), gpu(1, nvlinks=[1] * 16 + [0, 0])],
                 "topology": {"0-1": pynvml.NVML_TOPOLOGY_SYSTEM}, "nvlink_p2p": [[0, 1]]}
-    res, _, _ = run(scenario)
+    res, _unused, _unused = run(scenario)
     assert res["topology"]["interconnect"] == "nvlink"
     assert res["topology"]["hints"] == []
     assert [g["nvlink_active_links"] for g in res["gpus"]] == [18, 16]
@@ -140,7 +140,7 @@ def test_nvlink_topology_and_active_links():
 
 def test_topology_degrades_when_nvml_cannot_tell():
     # No topology API, no P2P status, no NVLink: facts are null, the check still passes.
-    res, _, _ = run({"devices": [gpu(0), gpu(1)]})
+    res, _unused, _unused = run({"devices": [gpu(0), gpu(1)]})
     assert res["ready"] is True
     assert res["topology"]["interconnect"] == "unknown"
     assert res["topology"]["pairs"][0]["nvlink"] is None
@@ -151,14 +151,14 @@ def test_topology_degrades_when_nvml_cannot_tell():
 def test_sys_path_between_numa_nodes_gets_the_acs_hint():
     scenario = {"devices": [gpu(0), gpu(1), gpu(2)], "nvlink_p2p": [[0, 1]],
                 "topology": {"0-1": 10, "0-2": 50, "1-2": 50}}
-    res, _, _ = run(scenario)
+    res, _unused, _unused = run(scenario)
     assert res["topology"]["interconnect"] == "mixed"
     assert "worst path SYS" in res["topology"]["hints"][0]
     assert "ACS" in res["topology"]["hints"][1]
 
 
 def test_consumer_gpu_without_ecc_reports_null_not_error():
-    res, _, _ = run({"devices": [gpu(0, name="NVIDIA GeForce RTX 4090", ecc_mode=None)]})
+    res, _unused, _unused = run({"devices": [gpu(0, name="NVIDIA GeForce RTX 4090", ecc_mode=None)]})
     assert res["ready"] is True
     assert res["gpus"][0]["ecc"] == {"enabled": None, "uncorrected_volatile": None,
                                      "uncorrected_aggregate": None}
@@ -167,7 +167,7 @@ def test_consumer_gpu_without_ecc_reports_null_not_error():
 def test_old_driver_falls_back_to_v2_process_listing(sleeper):
     scenario = {"devices": [gpu(0, processes=[{"pid": sleeper.pid, "used": GIB}])],
                 "missing_functions": ["nvmlDeviceGetComputeRunningProcesses_v3"]}
-    res, fake, _ = run(scenario)
+    res, fake, _unused = run(scenario)
     assert [p["pid"] for p in res["gpus"][0]["processes"]] == [sleeper.pid]
     assert ("nvmlDeviceGetComputeRunningProcesses_v2", 0) in fake.calls
 
@@ -177,7 +177,7 @@ def test_old_driver_falls_back_to_v2_process_listing(sleeper):
 def test_one_gpu_held_by_a_foreign_process_names_pid_user_and_cmdline(sleeper):
     holder = {"pid": sleeper.pid, "used": 70 * GIB, "name": "/usr/bin/sleep"}
     scenario = {"devices": [gpu(0), gpu(1, used=70 * GIB + 300 * 1024 ** 2, processes=[holder])]}
-    res, _, _ = run(scenario, tensor_parallel_size=2, gpu_memory_utilization=0.9)
+    res, _unused, _unused = run(scenario, tensor_parallel_size=2, gpu_memory_utilization=0.9)
     assert res["ready"] is False
     kinds = sorted((p["gpu"], p["kind"]) for p in res["problems"])
     assert kinds == [(1, "memory"), (1, "process")]
@@ -202,7 +202,7 @@ def test_allowed_processes_are_not_foreign(sleeper, allow):
     if allow.get("allowed_pids") == "PID":
         allow = {"allowed_pids": [sleeper.pid]}
     scenario = {"devices": [gpu(0, used=2 * GIB, processes=[{"pid": sleeper.pid, "used": GIB}])]}
-    res, _, _ = run(scenario, gpu_memory_utilization=0.9, **allow)
+    res, _unused, _unused = run(scenario, gpu_memory_utilization=0.9, **allow)
     assert res["ready"] is True, res["problems"]
 
 
@@ -210,7 +210,7 @@ def test_memory_released_after_n_polls():
     held = {"pid": 999999, "used": 75 * GIB}
     scenario = {"devices": [gpu(0, used=76 * GIB, processes=[held],
                                 after_reads={"n": 3, "used": 400 * 1024 ** 2, "processes": []})]}
-    res, _, clock = run(scenario, gpu_memory_utilization=0.92, wait_timeout=60, poll_interval=2)
+    res, _unused, clock = run(scenario, gpu_memory_utilization=0.92, wait_timeout=60, poll_interval=2)
     assert res["ready"] is True
     assert res["polls"] == 4 and clock.sleeps == [2, 2, 2]
     assert res["waited"] == 6 and res["timed_out"] is False
@@ -221,7 +221,7 @@ def test_timeout_reports_who_still_holds_what(sleeper):
     held = {"pid": sleeper.pid, "used": 60 * GIB}
     gone = {"pid": 4000000, "used": 10 * GIB}  # a PID /proc does not show (another namespace)
     scenario = {"devices": [gpu(0, used=71 * GIB, processes=[held, gone]), gpu(1)]}
-    res, _, clock = run(scenario, gpu_memory_utilization=0.9, wait_timeout=10, poll_interval=3)
+    res, _unused, clock = run(scenario, gpu_memory_utilization=0.9, wait_timeout=10, poll_interval=3)
     assert res["ready"] is False and res["timed_out"] is True
     assert clock.sleeps == [3, 3, 3, 1], "the last sleep is cut to the deadline"
     assert res["polls"] == 5 and res["waited"] == 10
@@ -237,7 +237,7 @@ def test_timeout_reports_who_still_holds_what(sleeper):
 def test_permanent_problems_do_not_wait():
     scenario = {"devices": [gpu(0, ecc_volatile=2, ecc_aggregate=5,
                                 processes=[{"pid": 999999, "used": GIB}])]}
-    res, _, clock = run(scenario, wait_timeout=300)
+    res, _unused, clock = run(scenario, wait_timeout=300)
     assert clock.sleeps == [] and res["polls"] == 1
     ecc = [p for p in res["problems"] if p["kind"] == "ecc"]
     assert len(ecc) == 1 and ecc[0]["transient"] is False
@@ -246,7 +246,7 @@ def test_permanent_problems_do_not_wait():
 
 
 def test_ecc_check_can_be_turned_off():
-    res, _, _ = run({"devices": [gpu(0, ecc_volatile=1)]}, check_ecc=False)
+    res, _unused, _unused = run({"devices": [gpu(0, ecc_volatile=1)]}, check_ecc=False)
     assert res["ready"] is True
     assert res["gpus"][0]["ecc"]["uncorrected_volatile"] == 1
 
@@ -258,7 +258,7 @@ def test_ecc_check_can_be_turned_off():
     ({"min_gpus": 3}, 3, ""),
 ])
 def test_fewer_gpus_than_tp_times_pp(expect, needed, text):
-    res, _, _ = run({"devices": [gpu(0), gpu(1)]}, **expect)
+    res, _unused, _unused = run({"devices": [gpu(0), gpu(1)]}, **expect)
     assert res["ready"] is False
     (problem,) = res["problems"]
     assert problem["kind"] == "count" and problem["transient"] is False
@@ -267,10 +267,10 @@ def test_fewer_gpus_than_tp_times_pp(expect, needed, text):
 
 
 def test_devices_select_gpus_and_unknown_index_is_a_problem():
-    res, _, _ = run({"devices": [gpu(0), gpu(1, used=79 * GIB)]}, devices=[0],
-                    gpu_memory_utilization=0.9)
+    res, _unused, _unused = run({"devices": [gpu(0), gpu(1, used=79 * GIB)]}, devices=[0],
+                                gpu_memory_utilization=0.9)
     assert [g["index"] for g in res["gpus"]] == [0] and res["ready"] is True
-    res, _, _ = run({"devices": [gpu(0)]}, devices=[0, 3])
+    res, _unused, _unused = run({"devices": [gpu(0)]}, devices=[0, 3])
     assert [p["kind"] for p in res["problems"]] == ["device"]
     assert "GPU 3 was asked for (devices) but the host has 1 GPU(s)" in res["problems"][0]["message"]
 
@@ -278,30 +278,30 @@ def test_devices_select_gpus_and_unknown_index_is_a_problem():
 def test_driver_and_compute_capability_minimums():
     scenario = {"driver_version": "535.104.05",
                 "devices": [gpu(0, name="Tesla V100-SXM2-32GB", cc=[7, 0]), gpu(1)]}
-    res, _, _ = run(scenario, min_driver_version="550.54", min_compute_capability="8.0")
+    res, _unused, _unused = run(scenario, min_driver_version="550.54", min_compute_capability="8.0")
     assert sorted(p["kind"] for p in res["problems"]) == ["compute_capability", "driver"]
     texts = " | ".join(p["message"] for p in res["problems"])
     assert "driver 535.104.05 is older than the required 550.54" in texts
     assert "GPU 0 (Tesla V100-SXM2-32GB" in texts and "compute capability 7.0 is below" in texts
-    res, _, _ = run(scenario, min_driver_version="535.104", min_compute_capability="7.0")
+    res, _unused, _unused = run(scenario, min_driver_version="535.104", min_compute_capability="7.0")
     assert res["ready"] is True
 
 
 # ---------------------------------------------------------------------------- NVML errors
 
 def test_nvml_missing_is_no_gpus_with_a_reason_not_an_error():
-    res, _, _ = run({"init_error": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "devices": []})
+    res, _unused, _unused = run({"init_error": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "devices": []})
     assert res["available"] is False and res["gpus"] == [] and res["ready"] is True
     assert "libnvidia-ml.so.1 is not installed" in res["reason"]
 
 
 def test_nvml_missing_fails_when_the_caller_requires_gpus():
-    res, _, _ = run({"init_error": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}, tensor_parallel_size=4)
+    res, _unused, _unused = run({"init_error": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND}, tensor_parallel_size=4)
     assert res["ready"] is False
     assert res["problems"][0]["message"].startswith(
         "needs at least 4 GPU(s) (tensor_parallel_size 4 x pipeline_parallel_size 1) but NVML "
         "not available")
-    res, _, _ = run({"init_error": pynvml.NVML_ERROR_DRIVER_NOT_LOADED}, require_gpus=True)
+    res, _unused, _unused = run({"init_error": pynvml.NVML_ERROR_DRIVER_NOT_LOADED}, require_gpus=True)
     assert "kernel driver is not loaded" in res["problems"][0]["message"]
 
 
@@ -311,9 +311,9 @@ def test_binding_missing_uses_the_callers_reason():
 
 
 def test_nvml_working_but_no_gpu():
-    res, _, _ = run({"devices": []})
+    res, _unused, _unused = run({"devices": []})
     assert res["gpus"] == [] and res["reason"] == "NVML works but sees no GPU"
-    res, _, _ = run({"devices": []}, require_gpus=True)
+    res, _unused, _unused = run({"devices": []}, require_gpus=True)
     assert res["problems"][0]["message"] == "needs GPUs but NVML sees none"
 
 

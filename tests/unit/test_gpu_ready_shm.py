@@ -165,7 +165,7 @@ def test_holders_match_by_inode_not_only_by_name(shmdir, tmp_path):
     mine = make(shmdir, "nccl-same-name")
     with holding(twin, "fd"):
         st = os.stat(mine)
-        found, _ = procfs.holders({(st.st_dev, st.st_ino): str(mine)})
+        found, _unused = procfs.holders({(st.st_dev, st.st_ino): str(mine)})
     assert found == {}
 
 

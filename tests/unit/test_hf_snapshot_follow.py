@@ -17,27 +17,29 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.filter.migrate import migrate_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_layout
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_progress as progress_mod
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import HolderWatch, Progress
+from tests.support.modules import COLLECTIONS
 from tests.unit.test_migrate_facts import commands, params
 
 pytestmark = pytest.mark.unit
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # A download as hf_snapshot runs it: the repository lock (naming its run and progress file), then
 # progress written every 0.1 s; bytes arrive for `seconds` (or never, with advance 0), then the
 # run says done, keeps the lock a moment (the manifest is written) and ends.
 HOLDER = r"""
 import sys, time
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import RepoLock
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_locks import RepoLock
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import Progress
 lock_path, progress_path, run, seconds, advance = sys.argv[1:6]
 lock = RepoLock(lock_path, run=run, progress_file=progress_path)
@@ -61,7 +63,7 @@ lock.release()
 
 
 def env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT / ".collections"), os.environ.get("PYTHONPATH", "")]))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(COLLECTIONS), os.environ.get("PYTHONPATH", "")]))
 
 
 @contextlib.contextmanager
@@ -89,7 +91,7 @@ def follower(tmp_path, progress_file, lock_timeout=1, follow_timeout=60, run="fo
 
 
 def lock_path_of(tmp_path):
-    return hf_snapshot.CacheLayout(str(tmp_path / "hub"), "o/r").lock_path
+    return hf_layout.CacheLayout(str(tmp_path / "hub"), "o/r").lock_path
 
 
 # ------------------------------------------------------------------------------------------ following
@@ -127,8 +129,8 @@ def test_the_rerun_follows_a_download_that_makes_progress_and_takes_the_lock_whe
         finally:
             lock.release()
             progress.finish("done")
-    assert seen and {i for i, _, _ in seen} == {"holder-run"}, "the follower wrote the holder's progress file"
-    following = [r for _, state, r in seen if state == "downloading"]
+    assert seen and {i for i, _unused, _unused in seen} == {"holder-run"}, "the follower wrote the holder's progress file"
+    following = [r for _unused, state, r in seen if state == "downloading"]
     assert following and all(r["following"] == "holder-run" and r["finished"] is False and r["state"] == "waiting"
                              for r in following)
     assert following[-1]["line"].startswith("following the download of run holder-run (pid %d): o/r@aaaaaaaaaaaa "
@@ -142,7 +144,7 @@ def test_the_rerun_gives_up_on_a_download_that_shows_no_progress_naming_its_run(
     with holder(lock_path_of(tmp_path), shared, advance=False) as proc:
         job, progress = follower(tmp_path, shared, lock_timeout=1)
         started = time.monotonic()
-        with pytest.raises(hf_snapshot.FetchError) as info:
+        with pytest.raises(hf_errors.FetchError) as info:
             job.lock_repository()
         waited = time.monotonic() - started
         assert proc.poll() is None
@@ -158,7 +160,7 @@ def test_a_holder_without_a_progress_file_gets_the_fixed_wait(tmp_path):
     with holder(lock_path_of(tmp_path), "", run="", advance=False) as proc:
         job, _progress = follower(tmp_path, tmp_path / "mine.json", lock_timeout=1)
         started = time.monotonic()
-        with pytest.raises(hf_snapshot.FetchError, match="writes no progress this run can follow") as info:
+        with pytest.raises(hf_errors.FetchError, match="writes no progress this run can follow") as info:
             job.lock_repository()
         assert 1.0 <= time.monotonic() - started < 5.0
     assert info.value.cause == "locked" and "pid %d on " % proc.pid in str(info.value)
@@ -170,14 +172,14 @@ def test_following_ends_at_follow_timeout_whatever_the_holder_does(tmp_path):
     with holder(lock_path_of(tmp_path), shared) as proc:
         job, _progress = follower(tmp_path, shared, lock_timeout=1, follow_timeout=2)
         started = time.monotonic()
-        with pytest.raises(hf_snapshot.FetchError, match=r"after this run followed it for 2s \(follow_timeout\)"):
+        with pytest.raises(hf_errors.FetchError, match=r"after this run followed it for 2s \(follow_timeout\)"):
             job.lock_repository()
         assert 2.0 <= time.monotonic() - started < 6.0 and proc.poll() is None
 
 
 def test_a_negative_follow_timeout_is_refused():
     job = hf_snapshot.SnapshotJob("o/r", hf=None, cache_dir="/tmp", follow_timeout=-1)
-    with pytest.raises(hf_snapshot.FetchError, match="follow_timeout must be 0 or more") as info:
+    with pytest.raises(hf_errors.FetchError, match="follow_timeout must be 0 or more") as info:
         job.setup()
     assert info.value.cause == "bad_option"
 
@@ -256,7 +258,7 @@ def test_only_the_holders_own_progress_counts(record, data, start, host, expecte
 
 # ------------------------------------------------------------------------------------------ the lock record, the poller
 def test_the_lock_names_its_holder_in_full(tmp_path):
-    lock = hf_snapshot.RepoLock(str(tmp_path / "l" / "modelswap.lock"), run="r1", progress_file="/p/tiny.json")
+    lock = hf_locks.RepoLock(str(tmp_path / "l" / "modelswap.lock"), run="r1", progress_file="/p/tiny.json")
     assert lock.acquire(0)
     try:
         record = lock.info()
@@ -305,21 +307,21 @@ def test_a_muted_progress_leaves_the_file_alone(tmp_path):
 # ------------------------------------------------------------------------------------------ the plan
 def test_migrate_facts_reports_the_download_in_flight(tmp_path):
     p = params(tmp_path)
-    layout = hf_snapshot.CacheLayout(str(tmp_path / "hub"), "lab/tiny-b")
+    layout = hf_layout.CacheLayout(str(tmp_path / "hub"), "lab/tiny-b")
     assert migrate_facts.gather(p, commands())["fetch"]["in_flight"] is None           # nobody holds it
     with holder(layout.lock_path, tmp_path / "progress.json", run="run-7") as proc:
         fetch = migrate_facts.gather(p, commands())["fetch"]
-        record = hf_snapshot.read_lock_record(layout.lock_path)
+        record = hf_locks.read_lock_record(layout.lock_path)
         assert fetch["in_flight"] == {"pid": proc.pid, "host": socket.gethostname(), "since": record["since"],
                                       "run": "run-7"}
         assert fetch["verified"] is False
         # on a shared store another host holds it: its flock says so
-        assert hf_snapshot.lock_in_flight(layout.lock_path, host="other-host")["run"] == "run-7"
+        assert hf_locks.lock_in_flight(layout.lock_path, host="other-host")["run"] == "run-7"
         os.kill(proc.pid, signal.SIGKILL)                 # killed: its record stays, its flock goes
         proc.wait(timeout=10)
-    assert hf_snapshot.read_lock_record(layout.lock_path)["run"] == "run-7"
+    assert hf_locks.read_lock_record(layout.lock_path)["run"] == "run-7"
     assert migrate_facts.gather(p, commands())["fetch"]["in_flight"] is None
-    assert hf_snapshot.lock_in_flight(layout.lock_path, host="other-host") is None
+    assert hf_locks.lock_in_flight(layout.lock_path, host="other-host") is None
 
 
 FETCH = {"commit": "c" * 40, "verified": False, "would_fetch": {"files": ["a", "b"], "bytes": 2048, "verify": []}}

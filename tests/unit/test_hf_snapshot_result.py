@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_result
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_options_problem(overrides, problem):
 
 
 def test_fetch_failure_hides_the_token_and_returns_what_a_partial_run_did():
-    exc = hf_snapshot.FetchError("401 for https://hub/api?token=hf_secret: token hf_secret rejected", "auth")
+    exc = hf_errors.FetchError("401 for https://hub/api?token=hf_secret: token hf_secret rejected", "auth")
     exc.partial = {"files_downloaded": 2, "bytes_downloaded": 10, "refetched": ["a"]}
     failure = hf_snapshot_result.fetch_failure(exc, COMMIT, ["line %d" % i for i in range(40)], "hf_secret")
     assert failure.msg == "401 for https://hub/api?token=********: token ******** rejected"
@@ -54,7 +54,7 @@ def test_fetch_failure_hides_the_token_and_returns_what_a_partial_run_did():
     assert failure.extra == {"commit": COMMIT, "library_messages": ["line %d" % i for i in range(10, 40)],
                              "files_downloaded": 2, "bytes_downloaded": 10, "bytes_received": 0, "kept_blobs": [],
                              "refetched": ["a"], "verify_failures": [], "orphans_removed": []}
-    plain = hf_snapshot_result.fetch_failure(hf_snapshot.FetchError("no such repo", "not_found"), None, [])
+    plain = hf_snapshot_result.fetch_failure(hf_errors.FetchError("no such repo", "not_found"), None, [])
     assert (plain.msg, plain.cause, plain.extra) == ("no such repo", "not_found",
                                                      {"commit": None, "library_messages": []})
 
@@ -188,7 +188,7 @@ class FakeJob(SimpleNamespace):
     def _step(self, name):
         self.calls.append(name)
         if self._fail_at == name:
-            raise hf_snapshot.FetchError("%s failed" % name, "network")
+            raise hf_errors.FetchError("%s failed" % name, "network")
 
     def setup(self):
         self._step("setup")
@@ -213,7 +213,7 @@ class FakeJob(SimpleNamespace):
         return MANIFEST
 
     def _fail(self, exc, what):
-        return hf_snapshot.FetchError("%s: %s" % (what, exc), "io")
+        return hf_errors.FetchError("%s: %s" % (what, exc), "io")
 
 
 class FakeProgress:

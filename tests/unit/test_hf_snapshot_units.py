@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.modules import COLLECTIONS
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_layout
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot_progress
@@ -74,7 +78,7 @@ def test_verify_all_runs_in_parallel_and_keeps_order(tmp_path):
         p.write_bytes(data if i != 7 else data[::-1])
         items.append((str(p), entry_for(data, lfs=i % 2 == 0)))
     results = hf_verify.verify_all(items, workers=3)
-    assert [r["path"] for r in results] == [p for p, _ in items]
+    assert [r["path"] for r in results] == [p for p, _unused in items]
     assert [r["ok"] for r in results] == [i != 7 for i in range(12)]
 
 
@@ -203,10 +207,10 @@ def test_progress_rate_eta_and_line():
     assert snap["rate_bps"] == 10 * 1024 * 1024
     assert snap["eta_s"] == 90
     assert snap["line"] == "o/r@aaaaaaaaaaaa downloading 10.0% 100.0 MiB of 1000.0 MiB 10.0 MiB/s ETA 0:01:30 0/4 files"
-    bar = p.bar_class()(total=5, initial=0)
-    bar.update(1024)
-    bar.update(-1024)   # huggingface_hub rolls back when a server ignored a Range
-    bar.update_transfer(7)
+    progress_bar = p.bar_class()(total=5, initial=0)
+    progress_bar.update(1024)
+    progress_bar.update(-1024)   # huggingface_hub rolls back when a server ignored a Range
+    progress_bar.update_transfer(7)
     assert p.data["bytes_done"] == 100 * 1024 * 1024 and p.data["bytes_transferred"] == 7
 
 
@@ -276,10 +280,10 @@ def test_select_and_a_pattern_matching_nothing():
     assert sorted(hf_snapshot.select(listing, ["*.json", "*.safetensors"], None, "o/r", "a" * 40)) == \
         ["config.json", "model.safetensors"]
     assert sorted(hf_snapshot.select(listing, None, ["onnx/"], "o/r", "a" * 40)) == ["config.json", "model.safetensors"]
-    with pytest.raises(hf_snapshot.FetchError, match="match none of the 3 files") as info:
+    with pytest.raises(hf_errors.FetchError, match="match none of the 3 files") as info:
         hf_snapshot.select(listing, ["*.gguf"], None, "o/r", "a" * 40)
     assert info.value.cause == "no_match"
-    with pytest.raises(hf_snapshot.FetchError, match="has no files"):
+    with pytest.raises(hf_errors.FetchError, match="has no files"):
         hf_snapshot.select({}, None, None, "o/r", "a" * 40)
 
 
@@ -316,8 +320,8 @@ class FakeHF:
     (lambda: RuntimeError("weird"), "error", False, ["RuntimeError: weird"]),
 ])
 def test_classify(make, cause, transient, words):
-    err = hf_snapshot.classify(make(), FakeHF, repo_id="o/r", revision="main", where="the Hub at http://hub",
-                               token_given=False, what="doing it", dest="/data")
+    err = hf_errors.classify(make(), FakeHF, repo_id="o/r", revision="main", where="the Hub at http://hub",
+                             token_given=False, what="doing it", dest="/data")
     assert err.cause == cause and err.transient is transient
     for word in words:
         assert word in str(err)
@@ -326,13 +330,14 @@ def test_classify(make, cause, transient, words):
 def test_classify_looks_through_wrapping_errors():
     from huggingface_hub import errors
     inner = http_error("GatedRepoError", 403)
+    err = None
     try:
         try:
             raise inner
         except Exception as exc:
             raise errors.LocalEntryNotFoundError("cannot find the requested files") from exc
     except Exception as outer:
-        err = hf_snapshot.classify(outer, FakeHF, repo_id="o/r", revision="main", where="w", token_given=True, what="x")
+        err = hf_errors.classify(outer, FakeHF, repo_id="o/r", revision="main", where="w", token_given=True, what="x")
     assert err.cause == "gated" and "the token given has no access" in str(err)
 
 
@@ -355,11 +360,11 @@ def test_retrying_gives_up_after_the_attempts_and_backs_off():
         return fn
 
     calls.clear()
-    with pytest.raises(hf_snapshot.FetchError, match="gave up after 4 attempts"):
+    with pytest.raises(hf_errors.FetchError, match="gave up after 4 attempts"):
         job._retrying(always(503), "thing")
     assert len(calls) == 4 and calls[3] - calls[2] >= 0.04 > calls[1] - calls[0]   # 0.01, 0.02, 0.04
     calls.clear()
-    with pytest.raises(hf_snapshot.FetchError) as info:   # permanent: no retry
+    with pytest.raises(hf_errors.FetchError) as info:   # permanent: no retry
         job._retrying(always(404, "RepositoryNotFoundError"), "thing")
     assert info.value.cause == "repo_not_found" and len(calls) == 1
 
@@ -386,7 +391,7 @@ def stop(proc):
 
 
 def test_orphans_go_only_when_their_download_lock_is_free(tmp_path):
-    layout = hf_snapshot.CacheLayout(str(tmp_path), "o/r")
+    layout = hf_layout.CacheLayout(str(tmp_path), "o/r")
     blobs = Path(layout.repo_path, "blobs")
     blobs.mkdir(parents=True)
     dead = blobs / ("a" * 64 + ".1234abcd.incomplete")
@@ -397,36 +402,36 @@ def test_orphans_go_only_when_their_download_lock_is_free(tmp_path):
     Path(layout.lock_dir).mkdir(parents=True)
     holder = hold(Path(layout.lock_dir, "b" * 64 + ".lock"))
     try:
-        removed, busy = hf_snapshot.clean_orphans(layout)
+        removed, busy = hf_locks.clean_orphans(layout)
     finally:
         stop(holder)
-    assert [p for p, _ in removed] == [str(dead)] and busy == [str(live)]
+    assert [p for p, _unused in removed] == [str(dead)] and busy == [str(live)]
     assert live.exists() and done.exists() and not dead.exists()
 
 
 def test_local_dir_orphans_wait_for_every_file_lock(tmp_path):
-    layout = hf_snapshot.LocalDirLayout(str(tmp_path), "o/r")
+    layout = hf_layout.LocalDirLayout(str(tmp_path), "o/r")
     download = Path(layout.lock_dir, "sub")
     download.mkdir(parents=True)
     orphan = download / "abc.deadbeef.1234abcd.incomplete"
     orphan.write_bytes(b"x")
     holder = hold(download / "w.safetensors.lock")
     try:
-        removed, busy = hf_snapshot.clean_orphans(layout)
+        removed, busy = hf_locks.clean_orphans(layout)
         assert removed == [] and busy == [str(orphan)]
     finally:
         stop(holder)
-    removed, busy = hf_snapshot.clean_orphans(layout)
-    assert [p for p, _ in removed] == [str(orphan)] and busy == []
+    removed, busy = hf_locks.clean_orphans(layout)
+    assert [p for p, _unused in removed] == [str(orphan)] and busy == []
 
 
 def test_repo_lock_excludes_other_processes_and_names_its_holder(tmp_path):
     path = tmp_path / ".locks" / "models--o--r" / "modelswap.lock"
-    mine = hf_snapshot.RepoLock(str(path))
+    mine = hf_locks.RepoLock(str(path))
     assert mine.acquire(1) is True
-    code = ("import sys; from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot import RepoLock; "
+    code = ("import sys; from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_locks import RepoLock; "
             "l = RepoLock(sys.argv[1]); print(l.acquire(0.3), l.holder())")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2] / ".collections"),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(COLLECTIONS),
                                                       os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
                          check=True).stdout
@@ -438,7 +443,7 @@ def test_repo_lock_excludes_other_processes_and_names_its_holder(tmp_path):
 
 
 def test_writable_problem(tmp_path):
-    assert hf_snapshot.writable_problem(str(tmp_path / "a" / "b"), probe=True) == ""
-    assert hf_snapshot.writable_problem(str(tmp_path / "a" / "b"), probe=False) == ""
+    assert hf_layout.writable_problem(str(tmp_path / "a" / "b"), probe=True) == ""
+    assert hf_layout.writable_problem(str(tmp_path / "a" / "b"), probe=False) == ""
     (tmp_path / "file").write_text("x")
-    assert "not a directory" in hf_snapshot.writable_problem(str(tmp_path / "file" / "sub"), probe=False)
+    assert "not a directory" in hf_layout.writable_problem(str(tmp_path / "file" / "sub"), probe=False)

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from tests.support.modules import run_module
@@ -73,6 +74,7 @@ def test_classify_table(make, kind, transient, words, fetch_only):
 
 def test_classify_searches_the_chain_and_asks_local_last():
     inner = http_error("GatedRepoError", 403)
+    err = None
     try:
         try:
             raise inner
@@ -86,11 +88,11 @@ def test_classify_searches_the_chain_and_asks_local_last():
     local = hub_client.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False, what="x",
                                 local=lambda e: hub_client.HubError("full", "disk_full") if getattr(e, "errno", None) else None)
     assert local.kind == "disk_full"
-    # hf_download keeps its own kinds for this host's failures, the Hub's come from hub_client
-    assert hf_snapshot.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False,
-                                what="x").cause == "disk_full"
-    assert hf_snapshot.classify(ConnectionRefusedError(111, "no"), None, repo_id="o/r", revision="main", where="w",
-                                token_given=False, what="x").cause == "unreachable"
+    # hf_errors keeps its own kinds for this host's failures, the Hub's come from hub_client
+    assert hf_errors.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False,
+                              what="x").cause == "disk_full"
+    assert hf_errors.classify(ConnectionRefusedError(111, "no"), None, repo_id="o/r", revision="main", where="w",
+                              token_given=False, what="x").cause == "unreachable"
 
 
 def test_an_insecure_endpoint_is_refused_before_any_request():
@@ -245,7 +247,7 @@ def test_disk_planning_lists_through_the_client(tmp_path):
         return client(api, fetching=kw["fetching"])
 
     listed = target_listing.list_target("o/r", "main", cache_dir=str(tmp_path), allow_patterns=["*.safetensors"],
-                                   connect=connect)
+                                        connect=connect)
     assert listed == {"commit": COMMIT, "source": "hub", "files": [{"path": "w.safetensors", "size": 10, "etag": S64}]}
     assert api.calls == [("repo_info", "main"), ("list_repo_tree", COMMIT)] and made[0]["fetching"] is False
     # a pinned commit whose tree is cached: no client at all
@@ -257,9 +259,9 @@ def test_disk_planning_lists_through_the_client(tmp_path):
     assert target_listing.list_target("o/r", "main", cache_dir=str(tmp_path), connect=connect)["source"] == "tree_cache"
     assert api.calls == [("repo_info", "main")]
     down = FakeApi(fail=ConnectionRefusedError(111, "refused"))
-    with pytest.raises(disk_plan.PlanError, match="cannot reach .* or pass target_bytes"):
+    with pytest.raises(plan_inputs.PlanError, match="cannot reach .* or pass target_bytes"):
         target_listing.list_target("o/r", "dev", cache_dir=str(tmp_path), connect=lambda r, **kw: client(down, fetching=False))
-    with pytest.raises(disk_plan.PlanError, match="match none of the 2 files"):
+    with pytest.raises(plan_inputs.PlanError, match="match none of the 2 files"):
         target_listing.list_target("o/r", COMMIT, cache_dir=str(tmp_path), allow_patterns=["*.gguf"])
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
@@ -156,7 +158,7 @@ def served_cache(tmp_path):
     snap = synthetic_cache.add_revision(cache, "o/r", commit_a, files)
     listing = {p: {"size": len(d), "blob_id": blob_id(d)} for p, d in files.items()}
     listing["w.safetensors"]["lfs_sha256"] = hashlib.sha256(files["w.safetensors"]).hexdigest()
-    layout = hf_snapshot.CacheLayout(str(cache), "o/r")
+    layout = hf_layout.CacheLayout(str(cache), "o/r")
     verified = {p: dict(hf_manifest.fingerprint(os.stat(snap / p)),
                         algo="sha256" if "lfs_sha256" in listing[p] else "git-sha1",
                         digest=listing[p].get("lfs_sha256") or listing[p]["blob_id"]) for p in files}
@@ -219,7 +221,7 @@ def test_remove_refuses_a_pointer_whose_folder_leads_outside(tmp_path):
     canary = outside / "generation_config.json"
     canary.write_text("precious")
     (snap / "sub").symlink_to(outside)
-    with pytest.raises(hf_snapshot.FetchError) as err:
+    with pytest.raises(hf_errors.FetchError) as err:
         layout.remove(commit_a, "sub/generation_config.json", {"size": 3, "blob_id": A40})
     assert err.value.cause == "unsafe_path" and "resolves outside" in str(err.value)
     assert canary.read_text() == "precious"
@@ -233,8 +235,8 @@ def test_local_dir_remove_is_confined(tmp_path):
     canary = outside / "x.json"
     canary.write_text("precious")
     (root / "sub").symlink_to(outside)
-    layout = hf_snapshot.LocalDirLayout(str(root), "o/r")
-    with pytest.raises(hf_snapshot.FetchError, match="refusing to delete"):
+    layout = hf_layout.LocalDirLayout(str(root), "o/r")
+    with pytest.raises(hf_errors.FetchError, match="refusing to delete"):
         layout.remove("c" * 40, "sub/x.json", {"size": 1, "blob_id": A40})
     assert canary.read_text() == "precious"
     (root / "ok.json").write_text("bad")
@@ -251,14 +253,14 @@ def test_tree_cache_and_manifest_listings_are_checked_where_they_enter(tmp_path)
     manifest["listing"]["../../../../x"] = {"size": 1, "blob_id": A40}
     Path(job.manifest_file).write_text(json.dumps(manifest))
     job.load_manifest()
-    with pytest.raises(hf_snapshot.FetchError) as err:
+    with pytest.raises(hf_errors.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and job.manifest_file in str(err.value)
     assert "remove that manifest" in str(err.value)
     os.unlink(job.manifest_file)
     job.load_manifest()
     hub_client.write_tree(layout.repo_path, commit_a, dict(listing, **{"w.safetensors": {"size": 1, "blob_id": "../x"}}))
-    with pytest.raises(hf_snapshot.FetchError) as err:
+    with pytest.raises(hf_errors.FetchError) as err:
         job.load_listing()
     assert err.value.cause == "bad_listing" and "trees" in str(err.value) and "'../x'" in str(err.value)
 

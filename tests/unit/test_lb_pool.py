@@ -131,7 +131,7 @@ def test_haproxy_servers_from_the_uri_result():
 
 
 def servers(**statuses):
-    return F["lb_pool_haproxy_servers"](csv_text(*[(n, s) for n, s in statuses.items()]), "vllm")
+    return F["lb_pool_haproxy_servers"](csv_text(*statuses.items()), "vllm")
 
 
 # (statuses, server, min_serving, leaving) -> (floor_ok, serving, would_stay)

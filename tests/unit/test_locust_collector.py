@@ -54,7 +54,7 @@ def test_a_measured_step_that_piles_up_objects_is_collected_anyway(locustfile):
     locustfile._collector_for("measure")
     locustfile._bound_garbage.__globals__["GC_MEASURE_BOUND"] = 1000   # this fixture's copy only
     cycles = []
-    for _ in range(3000):
+    for _unused in range(3000):
         a = []
         a.append(a)
         cycles.append(a)

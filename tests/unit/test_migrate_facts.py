@@ -157,7 +157,7 @@ def test_the_module_runs_without_huggingface_hub_and_hides_the_key_checksum(tmp_
     p = params(tmp_path, secret_sha1="f" * 40)
     p["service"].pop("port")
     out = run_module("migrate_facts", p, check_mode=True,
-                     env={"PYTHONPATH": f"{blocker.parent}:{modules.REPO / '.collections'}"})
+                     env={"PYTHONPATH": f"{blocker.parent}:{modules.COLLECTIONS}"})
     assert out.get("failed") is not True, out
     assert out["changed"] is False and out["fetch"]["would_fetch"]["bytes"] > 0
     assert "f" * 40 not in json.dumps(out)

@@ -363,7 +363,7 @@ def test_with_peers_one_host_of_a_site_downloads_and_the_others_copy():
     out = fleet_plan(["g1", "g2", "g3", "g4"], hv, True)
     sources = {h: (v["source"]["source"], v["source"].get("from")) for h, v in out["hosts"].items()}
     assert sources["g4"] == ("verified", None)
-    assert sorted(s for s, _ in sources.values()) == ["peer", "peer", "peer", "verified"]  # g4 has it: no Hub
+    assert sorted(s for s, _unused in sources.values()) == ["peer", "peer", "peer", "verified"]  # g4 has it: no Hub
     assert out["sources"]["totals"]["hub_bytes"] == 0
 
 

@@ -1,6 +1,6 @@
 """model_purge's plan functions (plugins/module_utils/store/model_purge.py), called directly on synthetic caches.
 
-The host's state is what disk_plan.build_protections makes of a catalog, a deployment record, a
+The host's state is what protections.build_protections makes of a catalog, a deployment record, a
 unit and running servers given as plain values, so every refusal rule is tested without a host.
 The module itself (the same rules end to end, the guarded apply) is tested in test_purge_modules.py
 and test_purge_plan.py.
@@ -11,9 +11,11 @@ import os
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
 from tests.support import synthetic_cache
 from tests.support.synthetic_cache import A, B, C
 from tests.support.scratch_fs import tree_fingerprint
@@ -44,13 +46,13 @@ def world(tmp_path):
 
 
 def scanned(cache, models):
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     return store, [store.cache_dir, store.models_dir]
 
 
 def state_for(store, **host):
     """The host's state from plain values (record, unit, processes, target, keep, protect_paths)."""
-    return disk_plan.build_protections(store, models=MODELS, **host)
+    return protections.build_protections(store, models=MODELS, **host)
 
 
 def judge(store, roots, items, state=None, **options):
@@ -111,8 +113,8 @@ def test_refusal_rules(world, items, host, options, expected):
     store, roots = scanned(cache, models)
     fp = tree_fingerprint(tmp)
     refused, absent, chosen = judge(store, roots, filled(items), state_for(store, **filled(host)), **options)
-    assert [(r["item"], r["rule"]) for r in refused] == [(filled(i), rule) for i, rule, _ in expected]
-    for row, (_, _, words) in zip(refused, expected):
+    assert [(r["item"], r["rule"]) for r in refused] == [(filled(i), rule) for i, rule, _unused in expected]
+    for row, (_unused, _unused, words) in zip(refused, expected):
         assert filled(words) in row["why"], row["why"]
     assert absent == []
     # one refusal spoils the whole purge: plan_purge refuses with every reason, nothing planned
@@ -145,7 +147,7 @@ def test_the_served_model_goes_when_allowed_and_nothing_serves_it(world, host, o
                 if isinstance(v, dict) else v) for k, v in host.items()}
     state = state_for(store, **host)
     items = [str(models / "served-dir")]
-    refused, _, _ = judge(store, roots, items, state)
+    refused, _unused, _unused = judge(store, roots, items, state)
     assert [r["rule"] for r in refused] == ["served"]
     refused, absent, chosen = judge(store, roots, items, state, **options)
     assert refused == [] and absent == [] and [i.name for i in chosen] == ["served-dir"]
@@ -164,24 +166,24 @@ def test_a_revision_whose_links_leave_the_repo_is_refused_but_its_repo_may_go(wo
     outside.write_bytes(b"x" * 10)
     os.symlink(str(outside), cache / TWO / "snapshots" / C / "evil.bin")
     store, roots = scanned(cache, models)
-    refused, _, _ = judge(store, roots, ["org/two@" + C])
+    refused, _unused, _unused = judge(store, roots, ["org/two@" + C])
     assert [r["rule"] for r in refused] == ["roots"]
     assert "leave the repo's blobs" in refused[0]["why"] and str(outside) in refused[0]["why"]
     assert "purge the whole repo" in refused[0]["why"]
-    refused, _, chosen = judge(store, roots, ["org/two"])
+    refused, _unused, chosen = judge(store, roots, ["org/two"])
     assert refused == [] and [i.kind for i in chosen] == ["repo"]
 
 
 def test_items_are_chosen_once_in_the_order_given(world):
     tmp, cache, models = world
     store, roots = scanned(cache, models)
-    _, _, chosen = judge(store, roots, ["plain", "org/one@" + A, str(models / "plain"), "one-a",
-                                        str(cache / ONE / "snapshots" / A)])
+    _unused, _unused, chosen = judge(store, roots, ["plain", "org/one@" + A, str(models / "plain"), "one-a",
+                                     str(cache / ONE / "snapshots" / A)])
     assert [(i.kind, i.ident) for i in chosen] == [("dir", str(models / "plain")), ("revision", "org/one@" + A)]
 
 
 def items(store, texts):
-    return [disk_plan.resolve_item(store, t, MODELS) for t in texts]
+    return [purge_items.resolve_item(store, t, MODELS) for t in texts]
 
 
 # (id, items, [(kind, key, [item idents])])
@@ -199,17 +201,17 @@ GROUPS = [
 @pytest.mark.parametrize("texts,expected", [g[1:] for g in GROUPS], ids=[g[0] for g in GROUPS])
 def test_group_steps(world, texts, expected):
     tmp, cache, models = world
-    store, _ = scanned(cache, models)
+    store, _unused = scanned(cache, models)
     steps = model_purge.group_steps(items(store, texts))
-    assert [(kind, key) for kind, key, _ in steps] == [(kind, key) for kind, key, _ in expected]
-    for (_, _, group), (_, _, idents) in zip(steps, expected):
+    assert [(kind, key) for kind, key, _unused in steps] == [(kind, key) for kind, key, _unused in expected]
+    for (_unused, _unused, group), (_unused, _unused, idents) in zip(steps, expected):
         if idents is not None:
             assert [i.ident for i in group] == idents
 
 
 def test_every_revision_of_a_repo_removes_the_repo_and_counts_its_bytes_once(world):
     tmp, cache, models = world
-    store, _ = scanned(cache, models)
+    store, _unused = scanned(cache, models)
     steps = model_purge.group_steps(items(store, ["org/one@" + A, "org/one@" + B]))
     removed, deletions = model_purge.plan_removal(store, steps, model_store.DeletionSimulator(store), MODELS)
     assert [r["item"] for r in removed] == ["org/one@" + A, "org/one@" + B]
@@ -222,7 +224,7 @@ def test_every_revision_of_a_repo_removes_the_repo_and_counts_its_bytes_once(wor
 
 def test_one_revision_of_two_frees_only_what_it_alone_links(world):
     tmp, cache, models = world
-    store, _ = scanned(cache, models)
+    store, _unused = scanned(cache, models)
     steps = model_purge.group_steps(items(store, ["org/one@" + A]))
     removed, deletions = model_purge.plan_removal(store, steps, model_store.DeletionSimulator(store), MODELS)
     assert "removes_repo" not in removed[0] and removed[0]["kind"] == "revision"
@@ -233,7 +235,7 @@ def test_one_revision_of_two_frees_only_what_it_alone_links(world):
 def test_revisions_of_a_damaged_repo_are_refused(world):
     tmp, cache, models = world
     os.symlink("../../blobs/" + "0" * 64, cache / ONE / "snapshots" / A / "gone.bin")
-    store, _ = scanned(cache, models)
+    store, _unused = scanned(cache, models)
     steps = model_purge.group_steps(items(store, ["org/one@" + B]))
     with pytest.raises(model_purge.PurgeRefused, match="the cached repo is damaged .*purge the whole repo instead; "
                                                        "nothing was deleted") as refusal:
@@ -291,7 +293,7 @@ def test_the_plans_result_and_diff(world):
 
 def test_roots_are_real_existing_folders(world, tmp_path):
     tmp, cache, models = world
-    store, _ = scanned(cache, models)
+    store, _unused = scanned(cache, models)
     assert model_purge.purge_roots(store, None) == [store.cache_dir, store.models_dir]
     os.symlink(models, tmp / "models-link")
     assert model_purge.purge_roots(store, [str(tmp / "models-link")]) == [store.models_dir]

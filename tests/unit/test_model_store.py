@@ -1,4 +1,4 @@
-"""model_store: the fast scanner agrees with huggingface_hub, and predicted freed bytes are exact.
+"""store_scan and model_store: the fast scanner agrees with huggingface_hub, and predicted freed bytes are exact.
 
 Each deletion case builds a real cache on disk, predicts with DeletionSimulator, performs the
 deletion the way model_purge does (huggingface_hub's delete strategy, rmtree for plain dirs) and
@@ -12,7 +12,9 @@ import shutil
 import pytest
 from huggingface_hub import scan_cache_dir
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
 from tests.support import synthetic_cache
 from tests.support.scratch_fs import tree_usage
 from tests.support.synthetic_cache import A, B, C, W1, W2
@@ -32,7 +34,7 @@ def build(tmp_path):
 
 def test_scan_agrees_with_huggingface_hub(tmp_path):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     hf = scan_cache_dir(cache)
     assert not hf.warnings
     assert {r.repo_id for r in hf.repos} == {r.repo_id for r in store.repos.values()}
@@ -75,7 +77,7 @@ DELETIONS = [
 @pytest.mark.parametrize("steps,apparent", [c[1:] for c in DELETIONS], ids=[c[0] for c in DELETIONS])
 def test_predicted_bytes_equal_measured(tmp_path, steps, apparent):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     sim = model_store.DeletionSimulator(store)
     predicted = predicted_size = 0
     before = tree_usage(cache, models)
@@ -108,7 +110,7 @@ def test_predicted_bytes_equal_measured(tmp_path, steps, apparent):
 
 def test_step_after_repo_is_gone_frees_nothing(tmp_path):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     sim = model_store.DeletionSimulator(store)
     folder = synthetic_cache.folder_for("org/one")
     assert sim.apply(model_store.Item("repo", folder=folder)).bytes > 0
@@ -120,7 +122,7 @@ def test_hardlinked_file_is_freed_only_with_its_last_link(tmp_path):
     cache, models = build(tmp_path)
     blob = next((cache / synthetic_cache.folder_for("org/two") / "blobs").glob("*"))
     os.link(blob, models / "plain" / "linked.safetensors")
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     sim = model_store.DeletionSimulator(store)
     alone_dir = model_store.DeletionSimulator(store).apply(model_store.Item("dir", name="plain")).bytes
     first = sim.apply(model_store.Item("repo", folder=synthetic_cache.folder_for("org/two"))).bytes
@@ -141,7 +143,7 @@ def test_foreign_and_broken_links_are_reported(tmp_path):
     snap = cache / synthetic_cache.folder_for("org/two") / "snapshots" / C
     os.symlink(str(outside), snap / "evil.bin")
     os.symlink("../../blobs/" + "0" * 64, snap / "gone.bin")
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     rev = store.repo("org/two").revisions[C]
     assert rev.foreign_links and str(outside) in rev.foreign_links[0]
     assert rev.broken_links == [str(snap / "gone.bin")]
@@ -172,7 +174,7 @@ def test_shared_xet_store_payload_counted_once_and_only_when_all_links_go(tmp_pa
         refs.append("%s/blobs/%s" % (folder, etag))
     manifest = "".join(r + "\n" for r in refs)
     (store_dir / "ab" / (payload_hash + ".refs")).write_text(manifest)
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     assert list(store.shared) == [str(payload)]
     sim = model_store.DeletionSimulator(store)
     x = sim.apply(model_store.Item("repo", folder=synthetic_cache.folder_for("org/x")))
@@ -195,15 +197,15 @@ def test_shared_xet_store_payload_counted_once_and_only_when_all_links_go(tmp_pa
 ])
 def test_validate_repo_id(repo_id, ok):
     if ok:
-        assert model_store.validate_repo_id(repo_id) == repo_id
+        assert cache_layout.validate_repo_id(repo_id) == repo_id
     else:
-        with pytest.raises(model_store.StoreError, match="malformed|non-empty"):
-            model_store.validate_repo_id(repo_id)
+        with pytest.raises(cache_layout.StoreError, match="malformed|non-empty"):
+            cache_layout.validate_repo_id(repo_id)
 
 
 def test_listing_drops_removed_items(tmp_path):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     before = model_store.listing(store)
     after = model_store.listing(store, [model_store.Item("revision", folder=synthetic_cache.folder_for("org/one"), commit=A)])
     assert len(before) == 5  # 3 revisions, 1 partial, 1 dir
@@ -215,5 +217,5 @@ def test_models_dir_holding_the_cache_does_not_list_the_cache(tmp_path):
     cache = tmp_path / "models" / "hub"
     synthetic_cache.add_revision(cache, "org/one", A, W1)
     synthetic_cache.make_plain_dir(tmp_path / "models", "plain", {"w": b"1"})
-    store = model_store.scan_store(str(cache), str(tmp_path / "models"))
+    store = store_scan.scan_store(str(cache), str(tmp_path / "models"))
     assert set(store.dirs) == {"plain"}

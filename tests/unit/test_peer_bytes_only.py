@@ -20,7 +20,9 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.utils import _shared_blobs
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_files
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_transfer
 from tests.lab import labctl
 from tests.support import synthetic_cache
 from tests.unit.test_peer_snapshot import COMMIT, FILES, FOLDER, REPO, Copier, expected, job
@@ -41,14 +43,14 @@ def etag(path):
 
 # ----------------------------------------------------------------------------- the rsync command
 def test_the_copy_takes_bytes_only_and_the_listing_writes_nothing():
-    argv = peer_snapshot.rsync_argv("rsync", source="gpu1", user="root", port=22, source_path="", dest="/s",
+    argv = peer_transfer.rsync_argv("rsync", source="gpu1", user="root", port=22, source_path="", dest="/s",
                                     list_file="/l")
     assert argv[1:6] == ["--times", "--no-links", "--no-devices", "--no-specials", "--ignore-existing"]
     for flag in ("--archive", "-a", "--links", "--copy-links", "-L", "--perms", "--owner", "--group", "--devices",
                  "--specials", "--recursive", "--copy-unsafe-links"):
         assert flag not in argv
     assert argv[-2:] == ["root@gpu1:", "/s/"]        # under rrsync: the peer's restricted folder itself
-    listing = peer_snapshot.rsync_argv("rsync", source="gpu1", user="root", port=22, source_path="hf/hub/",
+    listing = peer_transfer.rsync_argv("rsync", source="gpu1", user="root", port=22, source_path="hf/hub/",
                                        dest="/s", list_file="/l", bwlimit=10, list_only=True)
     assert listing[1:7] == ["--dry-run", "--links", "--no-devices", "--no-specials", "--itemize-changes",
                             "--out-format=%i|%n|%L"]
@@ -62,14 +64,14 @@ def test_the_copy_takes_bytes_only_and_the_listing_writes_nothing():
     ("/var/lib/modelswap/test/hub", "/var/lib/modelswap", "test/hub/"),
 ])
 def test_the_peers_cache_is_named_relative_to_the_folder_its_rrsync_serves(cache, root, path):
-    assert peer_snapshot.source_dir(cache, root) == path
+    assert peer_transfer.source_dir(cache, root) == path
 
 
 @pytest.mark.parametrize("cache, root", [("/srv/hub", "/var/lib/modelswap"), ("/var/lib/x", "/var/lib/x/y"),
                                          ("rel/hub", "/var/lib")])
 def test_a_cache_outside_the_served_folder_is_a_bad_option(cache, root):
-    with pytest.raises(peer_snapshot.PeerError) as err:
-        peer_snapshot.source_dir(cache, root)
+    with pytest.raises(peer_files.PeerError) as err:
+        peer_transfer.source_dir(cache, root)
     assert err.value.cause == "bad_option"
 
 
@@ -84,7 +86,7 @@ def test_the_listing_resolves_only_huggingface_hubs_links_into_the_xet_store():
         "cd+++++++++|%s/blobs/%s/|" % (FOLDER, "e" * 40),
         "cL+++++++++|%s/blobs/%s| -> ../../../../etc/blobs/cd/%s" % (FOLDER, "f" * 40, XET)])
     err = 'skipping non-regular file "%s/blobs/%s"\n' % (FOLDER, "0" * 40)
-    pull, refused = peer_snapshot.resolve_listing(FOLDER, names, out, err)
+    pull, refused = peer_transfer.resolve_listing(FOLDER, names, out, err)
     assert pull == {"a" * 64: "%s/blobs/%s" % (FOLDER, "a" * 64), "b" * 64: "blobs/cd/%s" % XET}
     assert "'/etc/shadow'" in refused["c" * 64] and "shared Xet store" in refused["d" * 64]
     assert refused["0" * 40].startswith("not a regular file") and refused["e" * 40] == "a directory"
@@ -111,7 +113,7 @@ def run_planted(tmp_path, peer, plant, name):
     cache = tmp_path / "hub"
     copier = planting(plant, name)
     copier.inner.source = str(peer)
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, copier).run(check_mode=False)
     return cache, err.value
 
@@ -205,7 +207,7 @@ def test_a_link_already_here_that_leads_out_of_the_store_is_not_trusted(tmp_path
     blobs = cache / FOLDER / "blobs"
     blobs.mkdir(parents=True)
     os.symlink(str(decoy), blobs / etag(BIG))           # --ignore-existing keeps it: the check must not
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, Copier()).run(check_mode=False)
     assert err.value.cause == "local_bad" and "a symbolic link to %r" % str(decoy) in str(err.value)
     assert not os.path.lexists(blobs / etag(BIG)) and decoy.read_bytes() == FILES[BIG]
@@ -245,7 +247,7 @@ def fake_ssh(tmp_path, rrsync_root=""):
 
 
 def real_copier(tmp_path, peer, rrsync=False):
-    return peer_snapshot.rsync_copier(HostCommands.local(), source="gpu1", user="root", port=22,
+    return peer_transfer.rsync_copier(HostCommands.local(), source="gpu1", user="root", port=22,
                                       ssh=fake_ssh(tmp_path, str(peer) if rrsync else ""),
                                       source_cache_dir=str(peer), serve_root=str(peer) if rrsync else "",
                                       io_timeout=30)
@@ -278,7 +280,7 @@ def test_a_peer_whose_blob_is_a_link_out_of_its_store_is_blamed(tmp_path, peer, 
     blob.unlink()
     os.symlink(str(secret), blob)
     cache = tmp_path / "hub"
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, real_copier(tmp_path, peer, rrsync)).run(check_mode=False)
     assert err.value.cause == "bad_copy" and "a symbolic link to %r" % str(secret) in str(err.value)
     assert os.listdir(cache / FOLDER / "blobs") == []
@@ -289,7 +291,7 @@ def test_a_fifo_on_the_peer_is_blamed_not_waited_for(tmp_path, peer):
     blob = peer / FOLDER / "blobs" / etag("config.json")
     blob.unlink()
     os.mkfifo(blob)
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(tmp_path / "hub", peer, real_copier(tmp_path, peer)).run(check_mode=False)
     assert err.value.cause == "bad_copy" and "not a regular file" in str(err.value)
 
@@ -319,7 +321,7 @@ def test_a_folder_on_the_peer_is_blamed_and_its_tree_never_copied(tmp_path, peer
     (blob / "deep").mkdir(parents=True)
     (blob / "deep" / "junk").write_bytes(b"x" * 1000)
     cache = tmp_path / "hub"
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, real_copier(tmp_path, peer)).run(check_mode=False)
     assert err.value.cause == "bad_copy" and "a directory" in str(err.value)
     assert os.listdir(cache / FOLDER / "blobs") == []
@@ -425,7 +427,7 @@ def test_a_held_payload_lock_keeps_the_blob_regular(tmp_path, peer):
 
 def test_a_xet_hash_that_is_not_one_is_refused_before_anything_is_written(tmp_path, peer):
     cache = tmp_path / "hub"
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         xet_job(cache, peer, Copier(), xet_hash="../../etc").run(check_mode=False)
     assert err.value.cause == "bad_files" and "xet hash '../../etc'" in str(err.value)
     assert not cache.exists()

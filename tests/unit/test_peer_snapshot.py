@@ -16,7 +16,10 @@ import shutil
 import pytest
 from huggingface_hub import scan_cache_dir
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_files
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_transfer
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 from tests.support import synthetic_cache
@@ -64,7 +67,7 @@ class Copier:
                 out["stderr"] = "rsync: link_stat \"%s\" failed: No such file or directory (2)" % rel
                 continue
             if os.path.islink(src):
-                rel = peer_snapshot.shared_entry(folder, os.readlink(src))
+                rel = peer_files.shared_entry(folder, os.readlink(src))
                 if rel is None:
                     out["refused"][name] = "a symbolic link to %r" % os.readlink(src)
                     continue
@@ -182,7 +185,7 @@ def test_a_copy_from_a_damaged_peer_is_undone_and_blames_the_peer(tmp_path, peer
     synthetic_cache.add_revision(cache, REPO, OLD, OLD_FILES)     # its blob must survive
     before_old = tree_fingerprint(cache / FOLDER / "snapshots" / OLD)
     flip(peer / FOLDER / "blobs" / synthetic_cache.etag_for("tok/tokenizer.json", FILES["tok/tokenizer.json"]))
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, Copier()).run(check_mode=False)
     assert err.value.cause == "bad_copy"
     assert "copied from gpu1 do not match" in str(err.value) and "tok/" in str(err.value)
@@ -200,14 +203,14 @@ def test_a_copy_from_a_damaged_peer_is_undone_and_blames_the_peer(tmp_path, peer
 def test_a_peer_that_lacks_a_blob_is_named_and_what_came_is_removed(tmp_path, peer):
     os.unlink(peer / FOLDER / "blobs" / synthetic_cache.etag_for("config.json", FILES["config.json"]))
     cache = tmp_path / "hub"
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, Copier()).run(check_mode=False)
     assert err.value.cause == "source_incomplete" and "rsync exit 23" in str(err.value)
     assert os.listdir(cache / FOLDER / "blobs") == []
 
 
 def test_a_connection_failure_is_a_copy_failure(tmp_path, peer):
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(tmp_path / "hub", peer, Copier(rc=255)).run(check_mode=False)
     assert err.value.cause == "copy_failed" and "check SSH" in str(err.value)
 
@@ -218,7 +221,7 @@ def test_a_bad_blob_already_here_is_dropped_when_nothing_uses_it_and_the_next_co
     blobs.mkdir(parents=True)
     etag = synthetic_cache.etag_for("model.safetensors", FILES["model.safetensors"])
     (blobs / etag).write_bytes(b"X" * 50_000)                 # an orphan with the right size, wrong bytes
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, peer, Copier()).run(check_mode=False)
     assert err.value.cause == "local_bad" and "already on this host" in str(err.value)
     assert not (blobs / etag).exists()
@@ -232,12 +235,12 @@ def test_rehash_finds_rot_and_the_host_stops_claiming_the_snapshot(tmp_path, pee
     flip(blob)
     cheap = job(cache, state="verified").run(check_mode=False)
     assert cheap["verified"] is True and cheap["verification"]["mode"] == "manifest"   # one stat: rot unseen
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, state="verified", rehash=True).run(check_mode=False)
     assert err.value.cause == "bad_content" and not blob.exists()
     after = job(cache).run(check_mode=False)
     assert after["verified"] is False and after["missing"]["blobs"] == 1
-    with pytest.raises(peer_snapshot.PeerError) as err:
+    with pytest.raises(peer_files.PeerError) as err:
         job(cache, state="verified").run(check_mode=False)
     assert err.value.cause == "not_verified"
 
@@ -256,7 +259,7 @@ def test_a_partial_listing_is_not_hf_snapshots_listing_for_other_patterns(tmp_pa
     other = hf_snapshot.SnapshotJob(REPO, revision=COMMIT, cache_dir=str(cache), offline=True,
                                     allow_patterns=["*.json"])
     other.setup()
-    with pytest.raises(hf_snapshot.FetchError, match="no manifest and no cached file list"):
+    with pytest.raises(hf_errors.FetchError, match="no manifest and no cached file list"):
         other.plan()
 
 
@@ -267,7 +270,7 @@ def test_stale_rsync_temporaries_are_recognised_by_name():
     with tempfile.TemporaryDirectory() as d:
         for n in present:
             open(os.path.join(d, n), "w").close()
-        assert peer_snapshot.stale_temps(d, names) == [os.path.join(d, ".%s.Xy12Zq" % names[0])]
+        assert peer_transfer.stale_temps(d, names) == [os.path.join(d, ".%s.Xy12Zq" % names[0])]
 
 
 @pytest.mark.parametrize("files, message", [
@@ -279,14 +282,14 @@ def test_stale_rsync_temporaries_are_recognised_by_name():
     ([{"path": "a", "size": 1, "etag": "a" * 40}, {"path": "a", "size": 1, "etag": "a" * 40}], "twice"),
 ])
 def test_an_unsafe_or_broken_file_list_is_refused_before_any_write(tmp_path, files, message):
-    with pytest.raises(peer_snapshot.PeerError, match=message) as err:
+    with pytest.raises(peer_files.PeerError, match=message) as err:
         peer_snapshot.PeerJob(REPO, COMMIT, cache_dir=str(tmp_path / "hub"), files=files).run(check_mode=False)
     assert err.value.cause == "bad_files" and not (tmp_path / "hub").exists()
 
 
 def test_lfs_entries_get_the_pointer_blob_id_the_hub_lists():
     sha = "ab" * 32
-    entry = peer_snapshot.expected_listing([{"path": "w.safetensors", "size": 5, "etag": sha}])["w.safetensors"]
+    entry = peer_files.expected_listing([{"path": "w.safetensors", "size": 5, "etag": sha}])["w.safetensors"]
     pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize 5\n" % sha
     assert entry == {"size": 5, "lfs_sha256": sha, "blob_id": synthetic_cache.git_blob_id(pointer.encode())}
 
@@ -304,7 +307,7 @@ def test_the_rsync_command_line(kwargs, tail, rsh):
     args = dict(source="10.0.0.11", user="root", port=22, source_path="/src/", dest="/dst/peer-incoming",
                 list_file="/l.txt")
     args.update(kwargs)
-    argv = peer_snapshot.rsync_argv("/usr/bin/rsync", **args)
+    argv = peer_transfer.rsync_argv("/usr/bin/rsync", **args)
     assert argv[:9] == ["/usr/bin/rsync", "--times", "--no-links", "--no-devices", "--no-specials",
                         "--ignore-existing", "--files-from=/l.txt", "--timeout=300", "--rsh=" + rsh]
     assert argv[9:] == tail

@@ -540,7 +540,7 @@ def hand_started_vllm(tmp_path):
     script.chmod(0o755)
     proc = subprocess.Popen([str(script), "serve", "./old", "--port", "0"], cwd=models)
     try:
-        for _ in range(100):   # until /proc shows its own command line (not the interpreter's yet)
+        for _unused in range(100):   # until /proc shows its own command line (not the interpreter's yet)
             if b"serve" in Path(f"/proc/{proc.pid}/cmdline").read_bytes():
                 break
             time.sleep(0.05)

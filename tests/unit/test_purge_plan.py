@@ -1,8 +1,8 @@
 """model_purge's delete plan: computed once from the module's own scan, re-checked before deleting.
 
-The plan (model_store.delete_plan) names every path a purge unlinks; it must match huggingface_hub's
+The plan (unlink_plan.delete_plan) names every path a purge unlinks; it must match huggingface_hub's
 own delete strategy on an untouched cache (the semantics the module promises: shared blobs stay
-while a remaining revision links them), and model_store.plan_changes must catch every change made
+while a remaining revision links them), and unlink_plan.plan_changes must catch every change made
 to the cache after the plan. The module tests change the cache *between* plan and apply: a hook
 run in the module's own process fires right after the module has taken its download locks (the
 moment after planning), the way another writer of a shared store would.
@@ -20,9 +20,11 @@ import pytest
 from huggingface_hub import scan_cache_dir
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import unlink_plan
 from tests.support import synthetic_cache
 from tests.support.synthetic_cache import A, B, C, W1, W2, W3
-from tests.support.modules import REPO, run_module
+from tests.support.modules import COLLECTIONS, REPO, run_module
 from tests.support.scratch_fs import tree_fingerprint
 
 pytestmark = pytest.mark.unit
@@ -59,7 +61,7 @@ def plan_for(store, folder, commits=None, dirs=()):
         effect = (sim.apply(model_store.Item("repo", folder=folder)) if commits is None
                   else sim.apply_revisions(folder, commits))
         steps.append((folder, effect))
-    return model_store.delete_plan(store, steps, dirs)
+    return unlink_plan.delete_plan(store, steps, dirs)
 
 
 def rel_unlinks(plan, cache, models):
@@ -90,7 +92,7 @@ PLANS = [
 def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(
         tmp_path, folder, commits, dirs, planned):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     plan = plan_for(store, folder, commits, dirs)
     assert rel_unlinks(plan, cache, models) == planned
     if not folder:
@@ -110,9 +112,9 @@ def test_delete_plan_names_exactly_what_goes_as_huggingface_hub_would(
 
 def test_a_plan_still_matching_the_store_has_no_changes(tmp_path):
     cache, models = build(tmp_path)
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     plan = plan_for(store, ONE, [A]) + plan_for(store, "", dirs=("plain",))
-    assert model_store.plan_changes(store, plan) == []
+    assert unlink_plan.plan_changes(store, plan) == []
 
 
 def _retarget(link, target):
@@ -170,10 +172,10 @@ def test_plan_changes_catches_every_change_after_the_plan(tmp_path, change, word
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "canary").write_bytes(b"precious")
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     plan = plan_for(store, ONE, [A]) + plan_for(store, "", dirs=("plain",))
     change(cache, models, outside)
-    found = model_store.plan_changes(store, plan)
+    found = unlink_plan.plan_changes(store, plan)
     text = "; ".join(found)
     for w in words:
         assert w in text, found
@@ -211,7 +213,7 @@ def run_purge_hooked(args: dict, change: list, check_mode: bool = False) -> dict
         json.dump({"ANSIBLE_MODULE_ARGS": payload}, fh)
         args_file = fh.name
     env = dict(os.environ, MODELSWAP_TEST_CHANGE=json.dumps(change))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(COLLECTIONS), env.get("PYTHONPATH", "")])
     try:
         proc = subprocess.run([sys.executable, "-c", HOOK, str(REPO / "plugins" / "modules" / "model_purge.py"),
                                args_file], capture_output=True, text=True, env=env, timeout=300)
@@ -268,7 +270,7 @@ def test_a_kept_revision_relinked_to_a_doomed_blob_between_plan_and_apply_is_ref
 
 def _blob_bytes(cache):
     """Apparent bytes of every repo blob entry (what expected_freed_size counts)."""
-    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(cache)
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _unused, names in os.walk(cache)
                if os.path.basename(d) == "blobs" for n in names)
 
 

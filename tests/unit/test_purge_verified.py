@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import unlink_plan
 from tests.support import synthetic_cache
 from tests.support.modules import REPO, run_module
 from tests.support.scratch_fs import scratch_fs, tree_fingerprint
@@ -104,19 +106,19 @@ def undeletable(path):
 
 
 # ------------------------------------------------------------------ leftovers(), table-tested
-def _unlink(kind: str, path, key=None) -> model_store.Unlink:
+def _unlink(kind: str, path, key=None) -> unlink_plan.Unlink:
     if key is None:
         st = os.lstat(path)
         key = (st.st_dev, st.st_ino)
-    return model_store.Unlink(kind, str(path), key)
+    return unlink_plan.Unlink(kind, str(path), key)
 
 
 # each case builds under ``base`` and returns (the planned unlinks, the expected leftovers as
 # (path relative to base, words in the cause), the file made undeletable or None, paths that must
 # survive untouched)
 def case_gone(base):
-    return [model_store.Unlink("blob", str(base / "blobs" / "gone"), ()),
-            model_store.Unlink("repo", str(base / "no-such-repo"), ())], [], None, []
+    return [unlink_plan.Unlink("blob", str(base / "blobs" / "gone"), ()),
+            unlink_plan.Unlink("repo", str(base / "no-such-repo"), ())], [], None, []
 
 
 def case_file_left_is_removed(base):
@@ -130,7 +132,7 @@ def case_link_is_removed_not_followed(base):
     (base / "blobs").mkdir()
     os.symlink(base / "keep", base / "blobs" / "x")
     # a blob entry of a shared store is such a link, planned with its target
-    u = model_store.Unlink("blob", str(base / "blobs" / "x"), (), link=str(base / "keep"))
+    u = unlink_plan.Unlink("blob", str(base / "blobs" / "x"), (), link=str(base / "keep"))
     return [u], [], None, [base / "keep"]
 
 
@@ -154,7 +156,7 @@ def case_folder_holding_an_immutable_file(base):
 
 def case_replaced_since_the_plan(base):
     (base / "x").write_bytes(b"new")
-    return ([model_store.Unlink("blob", str(base / "x"), (0, 1))], [("x", "was replaced by another file")],
+    return ([unlink_plan.Unlink("blob", str(base / "x"), (0, 1))], [("x", "was replaced by another file")],
             None, [base / "x"])
 
 
@@ -162,7 +164,7 @@ def case_folder_now_a_symlink(base):
     (base / "elsewhere").mkdir()
     (base / "elsewhere" / "canary").write_bytes(b"precious")
     os.symlink(base / "elsewhere", base / "plain")
-    return ([model_store.Unlink("dir", str(base / "plain"), ())], [("plain", "is now a symlink to")], None,
+    return ([unlink_plan.Unlink("dir", str(base / "plain"), ())], [("plain", "is now a symlink to")], None,
             [base / "plain", base / "elsewhere" / "canary"])
 
 
@@ -180,14 +182,14 @@ LEFTOVERS = [
 
 @pytest.mark.parametrize("build", [c[1] for c in LEFTOVERS], ids=[c[0] for c in LEFTOVERS])
 def test_leftovers_names_what_is_still_on_disk_with_its_cause(tmp_path, build):
-    with immutable_capable(tmp_path) as (base, _):
+    with immutable_capable(tmp_path) as (base, _unused):
         unlinks, expected, stuck, kept = build(base)
-        step = model_store.PurgeStep("org/x", "", True, False, unlinks)
+        step = unlink_plan.PurgeStep("org/x", "", True, False, unlinks)
         with undeletable(stuck) if stuck else contextlib.nullcontext():
             left = model_purge.leftovers(step)
             assert stuck is None or stuck.exists()
-        assert [os.path.relpath(p, base) for p, _ in left] == [rel for rel, _ in expected], left
-        for (_, cause), (_, words) in zip(left, expected):
+        assert [os.path.relpath(p, base) for p, _unused in left] == [rel for rel, _unused in expected], left
+        for (_unused, cause), (_unused, words) in zip(left, expected):
             assert words in cause, left
         for path in kept:
             assert os.path.lexists(path), path
@@ -209,7 +211,7 @@ def test_the_failure_message_names_item_paths_and_cause():
         "/s/hub/models--org--old/blobs/1, /s/hub/models--org--old/blobs/2 and 2 more (Permission denied); "
         "find why (lsattr shows an immutable file; a read-only or root_squash mount; a task without "
         "become), fix it and run the purge again")
-    step = model_store.PurgeStep("org/old@" + A, ONE, False, True, [])
+    step = unlink_plan.PurgeStep("org/old@" + A, ONE, False, True, [])
     assert model_purge.left_row(step, [("/p/a", "Operation not permitted"), ("/p/b", "Operation not permitted"),
                                        ("/p/c", "Permission denied")]) == {
         "item": "org/old@" + A, "paths": ["/p/a", "/p/b", "/p/c"],
@@ -310,9 +312,9 @@ def test_the_same_purge_without_a_failure_is_clean(store):
 def test_a_second_removal_that_succeeds_is_no_leftover(store, monkeypatch):
     """The strategy missed a path (it logs and goes on); the check removes it as planned."""
     cache, models, _free, _isolated = store
-    s = model_store.scan_store(str(cache), str(models))
+    s = store_scan.scan_store(str(cache), str(models))
     roots = model_purge.purge_roots(s, None)
-    state = disk_plan.build_protections(s, models={})
+    state = protections.build_protections(s, models={})
     plan = model_purge.plan_purge(s, state, roots=roots, items=["org/two"])
 
     class Lazy:
@@ -342,9 +344,9 @@ def test_what_a_refused_delete_left_of_a_repo_is_purged_by_its_name_on_the_rerun
     shutil.rmtree(cache / TWO / "snapshots")
     shutil.rmtree(cache / TWO / "refs")
     assert any((cache / TWO / "blobs").iterdir())
-    store = model_store.scan_store(str(cache), str(models))
+    store = store_scan.scan_store(str(cache), str(models))
     for text in ("two", "org/two@" + synthetic_cache.C):
-        item = disk_plan.resolve_item(store, text, catalog)
+        item = purge_items.resolve_item(store, text, catalog)
         assert (item.kind, item.path) == ("repo", str(cache / TWO)), item
     res = run_module("model_purge", {"cache_dir": str(cache), "models_dir": str(models), "items": ["two"],
                                      "models": catalog, "vllm_unit": "",

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.repo]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -321,7 +321,7 @@ def test_scan_reports_file_and_line(tmp_path):
     (tmp_path / "README.md").write_text("# x\n\nSee [the docs](docs/a.md).\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs/a.md").write_text("fine\n")
-    (tmp_path / "tool.py").write_text(f'"""Facts:\n../' 'shared/' 'notes/' 'lab.md."""\n')
+    (tmp_path / "tool.py").write_text('"""Facts:\n../' 'shared/' 'notes/' 'lab.md."""\n')
     (tmp_path / "blob.bin").write_bytes(b"\0" + "../" "shared".encode())
     (tmp_path / ".gitignore").write_text("ignored.txt\n")
     (tmp_path / "ignored.txt").write_text("../" "shared\n")

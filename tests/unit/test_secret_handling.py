@@ -54,7 +54,7 @@ def module_options(path):
 
 
 def test_the_audit_finds_the_secret_options():
-    names = {n for _, _, n, _ in secret_role_options()}
+    names = {n for _unused, _unused, n, _unused in secret_role_options()}
     assert {"benchmark_api_key", "model_purge_hub_token", "preflight_hub_token", "model_fetch_token",
             "vllm_service_api_key"} <= names
 
@@ -80,7 +80,7 @@ def test_every_secret_module_option_is_no_log(path):
 
 
 def secret_variables():
-    names = {n for _, _, n, o in secret_role_options()}
+    names = {n for _unused, _unused, n, o in secret_role_options()}
     return names | {"modelswap_hub_token"}
 
 

@@ -190,7 +190,7 @@ def test_lockset_holds_out_a_downloader_and_removes_stale_files(lockdir):
         assert proc.poll() is None, "the downloader got a lock we hold"
         assert sorted(os.path.basename(p) for p in locks.remove_held()) == ["f" * 64 + ".lock", "new.lock"]
         locks.release()
-        out, _ = proc.communicate(timeout=60)
+        out, _unused = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

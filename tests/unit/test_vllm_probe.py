@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_gates
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit_state
 
 pytestmark = pytest.mark.unit
 
@@ -100,7 +102,7 @@ def free_port():
 def test_all_gates_pass_in_order_with_the_key():
     fake = FakeVllm(health_after=2)
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                     budget=10, poll=0.05, request_timeout=2)
     assert out["ready"] is True, out
     assert list(out["gates"]) == ["port", "health", "models", "completion"]
@@ -115,7 +117,7 @@ def test_all_gates_pass_in_order_with_the_key():
 
 def test_port_gate_times_out_with_the_last_error():
     port = free_port()
-    out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="x", budget=0.3, poll=0.05,
+    out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="x", budget=0.3, poll=0.05,
                                 request_timeout=0.5)
     assert out["ready"] is False
     assert out["failed_gate"] == "port" and out["stopped_by"] == "timeout"
@@ -126,7 +128,7 @@ def test_port_gate_times_out_with_the_last_error():
 def test_health_that_stays_503_fails_at_the_health_gate():
     fake = FakeVllm(health_after=10 ** 6)
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                     budget=0.4, poll=0.05)
     assert out["failed_gate"] == "health" and out["stopped_by"] == "timeout"
     assert "503" in out["last_error"]
@@ -136,7 +138,7 @@ def test_health_that_stays_503_fails_at_the_health_gate():
 def test_without_the_api_gates_a_server_of_unknown_key_is_ready_at_health():
     fake = FakeVllm()
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, api_key="not-its-key", budget=30, poll=0.05,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, api_key="not-its-key", budget=30, poll=0.05,
                                     api=False)
     assert out["ready"] is True and list(out["gates"]) == ["port", "health"]
 
@@ -144,7 +146,7 @@ def test_without_the_api_gates_a_server_of_unknown_key_is_ready_at_health():
 def test_wrong_api_key_stops_at_once():
     fake = FakeVllm()
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key="wrong",
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key="wrong",
                                     budget=30, poll=0.05)
     assert out["ready"] is False and out["stopped_by"] == "final"
     assert out["failed_gate"] == "models"
@@ -155,7 +157,7 @@ def test_wrong_api_key_stops_at_once():
 def test_another_model_on_the_port_stops_at_once():
     fake = FakeVllm(served="tiny-b")
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                     budget=30, poll=0.05)
     assert out["failed_gate"] == "models" and out["stopped_by"] == "final"
     assert "['tiny-b'], not 'tiny-a'" in out["last_error"]
@@ -165,7 +167,7 @@ def test_models_5xx_is_retried_until_the_budget():
     fake = FakeVllm(models_status=500)
     with serve(fake) as port:
         # a budget of many polls: on a loaded machine the health gate alone can take 0.2 s
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                     budget=1.5, poll=0.05)
     assert out["failed_gate"] == "models" and out["stopped_by"] == "timeout"
     assert sum(1 for c in fake.calls if c[1] == "/v1/models") >= 2
@@ -174,10 +176,10 @@ def test_models_5xx_is_retried_until_the_budget():
 def test_completion_4xx_is_final_and_can_be_skipped():
     fake = FakeVllm(completion_status=400)
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                     budget=30, poll=0.05)
         assert out["failed_gate"] == "completion" and out["stopped_by"] == "final"
-        skipped = vllm_ready.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
+        skipped = vllm_gates.wait_ready(host="127.0.0.1", port=port, served_name="tiny-a", api_key=KEY,
                                         budget=5, poll=0.05, completion=False)
     assert skipped["ready"] is True and "completion" not in skipped["gates"]
 
@@ -185,7 +187,7 @@ def test_completion_4xx_is_final_and_can_be_skipped():
 def test_without_a_served_name_the_first_listed_model_completes():
     fake = FakeVllm(served="whatever")
     with serve(fake) as port:
-        out = vllm_ready.wait_ready(host="127.0.0.1", port=port, api_key=KEY, budget=5, poll=0.05)
+        out = vllm_gates.wait_ready(host="127.0.0.1", port=port, api_key=KEY, budget=5, poll=0.05)
     assert out["ready"] and fake.bodies[0]["model"] == "whatever"
 
 
@@ -195,7 +197,7 @@ def test_check_callback_ends_the_wait():
     def check():
         calls.append(1)
         return "vllm.service failed during start-up" if len(calls) >= 3 else None
-    out = vllm_ready.wait_ready(host="127.0.0.1", port=free_port(), budget=30, poll=0.01, check=check)
+    out = vllm_gates.wait_ready(host="127.0.0.1", port=free_port(), budget=30, poll=0.01, check=check)
     assert out["stopped_by"] == "check" and out["failed_gate"] == "port"
     assert out["last_error"] == "vllm.service failed during start-up"
 
@@ -217,7 +219,7 @@ def test_check_callback_ends_the_wait():
     ({"Id": "u", "LoadState": "not-found"}, 0, "u is not loaded (LoadState=not-found)"),
 ])
 def test_unit_problem(show, before, expected):
-    assert vllm_ready.unit_problem(show, before) == expected
+    assert vllm_unit_state.unit_problem(show, before) == expected
 
 
 TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -235,10 +237,10 @@ TCP6 = "  sl  local_address remote_address st tx_queue rx_queue tr tm->when retr
 
 
 def test_parse_proc_net_tcp_lists_listeners_only():
-    assert vllm_ready.parse_proc_net_tcp(TCP) == [
+    assert vllm_unit_state.parse_proc_net_tcp(TCP) == [
         {"address": "10.213.7.11", "port": 8100, "uid": 999, "inode": 41234},
         {"address": "127.0.0.1", "port": 8080, "uid": 0, "inode": 41235}]
-    assert vllm_ready.parse_proc_net_tcp(TCP6, ipv6=True) == [
+    assert vllm_unit_state.parse_proc_net_tcp(TCP6, ipv6=True) == [
         {"address": "::", "port": 8100, "uid": 999, "inode": 51234},
         {"address": "::1", "port": 22, "uid": 0, "inode": 51235}]
 
@@ -254,7 +256,7 @@ def test_parse_proc_net_tcp_lists_listeners_only():
     ("", None),
 ])
 def test_unit_of_cgroup(text, unit):
-    assert vllm_ready.unit_of_cgroup(text) == unit
+    assert vllm_unit_state.unit_of_cgroup(text) == unit
 
 
 def fake_proc(tmp_path, procs, tcp=TCP, tcp6=""):
@@ -280,26 +282,26 @@ def test_port_listeners_and_foreign_ones(tmp_path):
         900: (os.getuid(), "python3 -m http.server 8100", "0::/user.slice/session-1.scope\n", [41234]),
         950: (os.getuid(), "sleep 1", "0::/system.slice/vllm.service\n", []),
     })
-    listeners = vllm_ready.port_listeners(8100, proc)
+    listeners = vllm_unit_state.port_listeners(8100, proc)
     assert [(e["pid"], e["unit"], e["address"]) for e in listeners] == [
         (812, "vllm.service", "10.213.7.11"), (900, "session-1.scope", "10.213.7.11")]
-    foreign = vllm_ready.foreign_listeners(listeners, "vllm.service")
+    foreign = vllm_unit_state.foreign_listeners(listeners, "vllm.service")
     assert [e["pid"] for e in foreign] == [900]
-    assert vllm_ready.describe_listener(foreign[0]).startswith("pid 900, user ")
-    assert "unit session-1.scope: python3 -m http.server 8100" in vllm_ready.describe_listener(foreign[0])
-    assert vllm_ready.foreign_listeners(listeners, None) == listeners
+    assert vllm_unit_state.describe_listener(foreign[0]).startswith("pid 900, user ")
+    assert "unit session-1.scope: python3 -m http.server 8100" in vllm_unit_state.describe_listener(foreign[0])
+    assert vllm_unit_state.foreign_listeners(listeners, None) == listeners
     # a unit the slot replaces (set up by hand) is not foreign
-    assert vllm_ready.foreign_listeners(listeners, "vllm.service", ["session-1.scope"]) == []
-    assert vllm_ready.port_listeners(9999, proc) == []
-    assert [p["pid"] for p in vllm_ready.unit_processes("vllm.service", proc)] == [812, 950]
+    assert vllm_unit_state.foreign_listeners(listeners, "vllm.service", ["session-1.scope"]) == []
+    assert vllm_unit_state.port_listeners(9999, proc) == []
+    assert [p["pid"] for p in vllm_unit_state.unit_processes("vllm.service", proc)] == [812, 950]
 
 
 def test_a_socket_whose_owner_is_unseen_is_still_listed(tmp_path):
     proc = fake_proc(tmp_path, {})
-    listeners = vllm_ready.port_listeners(8080, proc)
+    listeners = vllm_unit_state.port_listeners(8080, proc)
     assert listeners == [{"pid": None, "user": "root", "name": None, "cmdline": None, "unit": None,
                           "address": "127.0.0.1"}]
-    assert vllm_ready.describe_listener(listeners[0]) == "an unseen process, user root"
+    assert vllm_unit_state.describe_listener(listeners[0]) == "an unseen process, user root"
 
 
 def test_port_listeners_on_the_real_proc_finds_this_process():
@@ -307,15 +309,15 @@ def test_port_listeners_on_the_real_proc_finds_this_process():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        found = vllm_ready.port_listeners(port)
+        found = vllm_unit_state.port_listeners(port)
     assert [e["pid"] for e in found] == [os.getpid()]
     assert found[0]["address"] == "127.0.0.1"
-    assert vllm_ready.port_listeners(port) == []
+    assert vllm_unit_state.port_listeners(port) == []
 
 
 def test_journal_errors_of_a_real_failed_start():
     lines = (DATA / "vllm_tiny_broken_journal.txt").read_text().splitlines()
-    assert vllm_ready.journal_errors(lines) == [
+    assert vllm_unit_state.journal_errors(lines) == [
         "WorkerProc failed to start.",
         "RuntimeError: start (0) + length (256) exceeds dimension size (128).",
         "EngineCore failed to start.",
@@ -325,12 +327,12 @@ def test_journal_errors_of_a_real_failed_start():
         "vllm.service: Main process exited, code=exited, status=1/FAILURE",
         "vllm.service: Failed with result 'exit-code'.",
     ]
-    assert vllm_ready.journal_errors(lines, limit=2) == [
+    assert vllm_unit_state.journal_errors(lines, limit=2) == [
         "vllm.service: Main process exited, code=exited, status=1/FAILURE",
         "vllm.service: Failed with result 'exit-code'."]
     # a warning that mentions "error" is not an error
-    assert not any("ulimit" in x for x in vllm_ready.journal_errors(lines, limit=0))
-    assert vllm_ready.journal_errors([]) == []
+    assert not any("ulimit" in x for x in vllm_unit_state.journal_errors(lines, limit=0))
+    assert vllm_unit_state.journal_errors([]) == []
 
 
 @pytest.mark.parametrize("text, value", [

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_gates
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
 from tests.support.modules import run_module
 
@@ -38,7 +39,7 @@ def metrics(running, waiting, model="tiny-a", other=None):
      'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n', "m", {"running": 3, "waiting": 0}),  # engines summed
 ])
 def test_in_flight_of(text, served, expected):
-    assert vllm_ready.in_flight_of(text, served) == expected
+    assert vllm_gates.in_flight_of(text, served) == expected
 
 
 @pytest.mark.parametrize("text, served", [
@@ -46,8 +47,8 @@ def test_in_flight_of(text, served, expected):
     (metrics(1, 0, model="tiny-b"), "tiny-a"),
 ])
 def test_in_flight_of_without_the_gauges_is_final(text, served):
-    with pytest.raises(vllm_ready.GateError) as err:
-        vllm_ready.in_flight_of(text, served)
+    with pytest.raises(vllm_gates.GateError) as err:
+        vllm_gates.in_flight_of(text, served)
     assert err.value.final and "/metrics has no vllm:num_requests_running or vllm:num_requests_waiting" in str(err.value)
 
 
@@ -63,8 +64,8 @@ def test_read_in_flight_errors(answer, final, message):
     def request(url, api_key=None, timeout=None):
         seen.update(url=url, api_key=api_key, timeout=timeout)
         return answer
-    with pytest.raises(vllm_ready.GateError) as err:
-        vllm_ready.read_in_flight("http://10.0.0.5:8000", "tiny-a", "k", 3.0, request=request)
+    with pytest.raises(vllm_gates.GateError) as err:
+        vllm_gates.read_in_flight("http://10.0.0.5:8000", "tiny-a", "k", 3.0, request=request)
     assert err.value.final is final and str(err.value).startswith(message)
     assert seen == {"url": "http://10.0.0.5:8000/metrics", "api_key": "k", "timeout": 3.0}
 
@@ -90,10 +91,10 @@ class FakeClock:
         self.now += seconds
 
 
-REFUSED = vllm_ready.GateError("no answer from http://127.0.0.1:8000/metrics: [Errno 111] Connection refused",
+REFUSED = vllm_gates.GateError("no answer from http://127.0.0.1:8000/metrics: [Errno 111] Connection refused",
                                refused=True)
-SLOW = vllm_ready.GateError("no answer from http://127.0.0.1:8000/metrics: timed out")
-FINAL = vllm_ready.GateError("/metrics answered 404 Not Found", final=True)
+SLOW = vllm_gates.GateError("no answer from http://127.0.0.1:8000/metrics: timed out")
+FINAL = vllm_gates.GateError("/metrics answered 404 Not Found", final=True)
 
 
 def c(running, waiting=0):

@@ -7,6 +7,7 @@ import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit_state
 
 pytestmark = pytest.mark.unit
 
@@ -81,26 +82,26 @@ class FakeClock:
 
 def test_unit_reader_show_asks_for_the_properties_under_the_c_locale():
     systemd = FakeSystemd()
-    state = vllm_ready.UnitReader(systemd.commands(), "vllm.service").show()
+    state = vllm_unit_state.UnitReader(systemd.commands(), "vllm.service").show()
     assert state["Id"] == "vllm.service" and state["MainPID"] == "812"
     assert state["ControlGroup"] == "/system.slice/vllm.service"
     argv, env = systemd.calls[0]
-    assert argv == ["/usr/bin/systemctl", "show", "--property=Id," + ",".join(vllm_ready.UNIT_PROPERTIES),
+    assert argv == ["/usr/bin/systemctl", "show", "--property=Id," + ",".join(vllm_unit_state.UNIT_PROPERTIES),
                     "--", "vllm.service"]
     assert env == {"LANG": "C", "LC_ALL": "C"}
 
 
 def test_unit_reader_show_failure_has_todays_message():
-    reader = vllm_ready.UnitReader(FakeSystemd(show_rc=1).commands(), "vllm.service")
-    with pytest.raises(vllm_ready.ReadyError) as err:
+    reader = vllm_unit_state.UnitReader(FakeSystemd(show_rc=1).commands(), "vllm.service")
+    with pytest.raises(vllm_unit_state.ReadyError) as err:
         reader.show()
     assert str(err.value) == ("reading the state of vllm.service failed: systemctl show exited 1: "
                               "Failed to connect to bus: No such file or directory")
 
 
 def test_unit_reader_without_systemctl_fails_as_get_bin_path_did():
-    with pytest.raises(vllm_ready.ReadyError, match='Failed to find required executable "systemctl" in paths: '):
-        vllm_ready.UnitReader(FakeSystemd(installed=()).commands(), "vllm.service")
+    with pytest.raises(vllm_unit_state.ReadyError, match='Failed to find required executable "systemctl" in paths: '):
+        vllm_unit_state.UnitReader(FakeSystemd(installed=()).commands(), "vllm.service")
 
 
 @pytest.mark.parametrize("systemd, lines, expected", [
@@ -112,7 +113,7 @@ def test_unit_reader_without_systemctl_fails_as_get_bin_path_did():
     (FakeSystemd(), 0, []),
 ])
 def test_unit_reader_journal_is_oldest_first(systemd, lines, expected):
-    reader = vllm_ready.UnitReader(systemd.commands(), "vllm.service")
+    reader = vllm_unit_state.UnitReader(systemd.commands(), "vllm.service")
     assert reader.journal(1767348000.7, lines) == expected
     if expected:
         assert systemd.calls[0][0] == ["/usr/bin/journalctl", "--unit", "vllm.service", "--since", "@1767348000",
@@ -141,7 +142,7 @@ def test_api_key_from_file(tmp_path):
 
     def unreadable(path):
         raise PermissionError(13, "Permission denied")
-    with pytest.raises(vllm_ready.ReadyError) as err:
+    with pytest.raises(vllm_unit_state.ReadyError) as err:
         vllm_ready.api_key_from_file("/etc/modelswap/vllm.env", read_text=unreadable)
     assert str(err.value) == ("vllm_ready: cannot read the API key file /etc/modelswap/vllm.env: "
                               "Permission denied; run with become")
@@ -206,7 +207,7 @@ def test_wait_until_stopped(procs, listeners, fail, ready, error, message):
         last["listeners"] = next(listeners_seq, last["listeners"])
         return last["listeners"]
 
-    reader = vllm_ready.UnitReader(FakeSystemd().commands(), "vllm.service")
+    reader = vllm_unit_state.UnitReader(FakeSystemd().commands(), "vllm.service")
     result, failure = vllm_ready.wait_until_stopped(
         params(state="stopped", fail_when_not_ready=fail), reader, {"seconds": 2.0},
         clock=clock, sleep=clock.sleep, processes_of=processes_of, listeners_on=listeners_on)
@@ -235,8 +236,8 @@ def outcome(ready, failed_gate=None, last_error=None, stopped_by=None, elapsed=3
 
 def test_wait_until_ready_refuses_a_unit_that_is_not_loaded():
     systemd = FakeSystemd(show="Id=vllm.service\nLoadState=not-found\n")
-    reader = vllm_ready.UnitReader(systemd.commands(), "vllm.service")
-    with pytest.raises(vllm_ready.ReadyError) as err:
+    reader = vllm_unit_state.UnitReader(systemd.commands(), "vllm.service")
+    with pytest.raises(vllm_unit_state.ReadyError) as err:
         vllm_ready.wait_until_ready(params(), reader, {"seconds": 5.0},
                                     walk_gates=lambda **kw: pytest.fail("no gate before the unit is loaded"))
     assert str(err.value) == ("vllm_ready: the unit vllm.service is not loaded (LoadState=not-found); "
@@ -252,7 +253,7 @@ def test_wait_until_ready_passes_the_options_to_the_gates_and_returns_the_result
         return outcome(True)
 
     clock = FakeClock()
-    reader = vllm_ready.UnitReader(FakeSystemd().commands(), "vllm.service")
+    reader = vllm_unit_state.UnitReader(FakeSystemd().commands(), "vllm.service")
     result, failure = vllm_ready.wait_until_ready(
         params(host="0.0.0.0", api_key="k"), reader, {"seconds": 5.0, "derived": False},
         clock=clock, sleep=clock.sleep, epoch=lambda: 1767348000.0,
@@ -274,7 +275,7 @@ def test_wait_until_ready_check_stops_on_a_foreign_port_owner():
         stops.append(kwargs["check"]())
         return outcome(False, "port", stops[0], "check")
 
-    reader = vllm_ready.UnitReader(FakeSystemd().commands(), "vllm.service")
+    reader = vllm_unit_state.UnitReader(FakeSystemd().commands(), "vllm.service")
     result, failure = vllm_ready.wait_until_ready(params(), reader, {"seconds": 5.0},
                                                   listeners_on=lambda port: [LISTENER, foreign],
                                                   walk_gates=walk_gates)
@@ -291,7 +292,7 @@ def test_wait_until_ready_failure_reads_the_journal_since_the_units_start():
     clock = FakeClock()
     clock.now = 1100.0        # the unit started at monotonic 1000 s (ExecMainStartTimestampMonotonic)
     epochs = iter([1767348000.0, 1767348200.0])     # the wait's start, its end 200 s later
-    reader = vllm_ready.UnitReader(systemd.commands(), "vllm.service")
+    reader = vllm_unit_state.UnitReader(systemd.commands(), "vllm.service")
     result, failure = vllm_ready.wait_until_ready(
         params(journal_lines=2), reader, {"seconds": 5.0}, clock=clock, sleep=clock.sleep,
         epoch=lambda: next(epochs), listeners_on=lambda port: [],

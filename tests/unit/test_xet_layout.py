@@ -21,8 +21,13 @@ from huggingface_hub.utils import _shared_blobs
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import xet_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import page_cache_warm
 from tests.support import synthetic_cache
 from tests.support.scratch_fs import tree_usage
@@ -105,7 +110,7 @@ def test_the_layout_is_huggingface_hubs(xet_cache):
 @pytest.mark.parametrize("layout", ["xet", "mixed"])
 def test_the_store_folder_is_not_a_repo_and_the_scan_agrees_with_huggingface_hub(layout, xet_cache, mixed_cache):
     cache = xet_cache if layout == "xet" else mixed_cache
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     hf = scan_cache_dir(cache)
     assert not hf.warnings and not store.warnings
     assert sorted(store.repos) == sorted([ONE, TWO, THREE])   # no "blobs" repo, no warning
@@ -124,15 +129,15 @@ def test_the_store_folder_is_not_a_repo_and_the_scan_agrees_with_huggingface_hub
 
 
 def test_the_store_folder_is_never_a_purge_item(xet_cache):
-    store = model_store.scan_store(str(xet_cache), "")
+    store = store_scan.scan_store(str(xet_cache), "")
     for path in (xet_cache / "blobs", next((xet_cache / "blobs").glob("*/*"))):
-        with pytest.raises(disk_plan.PlanError, match="not a purgeable item"):
-            disk_plan.item_for_path(store, str(path))
-    state = disk_plan.build_protections(store, models={})
+        with pytest.raises(plan_inputs.PlanError, match="not a purgeable item"):
+            purge_items.item_for_path(store, str(path))
+    state = protections.build_protections(store, models={})
     refused, absent, chosen = model_purge.judge_items(store, [str(xet_cache / "blobs"), "blobs"],
                                                       roots=[str(xet_cache)], models={}, state=state)
     assert not chosen and [r["rule"] for r in refused] == ["input"] and absent == ["blobs"]
-    items, _excluded = disk_plan.all_candidates(store, [])
+    items, _excluded = purge_items.all_candidates(store, [])
     assert sorted(i.ident for i in items) == ["org/one", "org/three", "org/two"]
 
 
@@ -149,7 +154,7 @@ CASES = [
 @pytest.mark.parametrize("steps", [c[1] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_payload_counts_once_and_frees_only_with_its_last_link(layout, steps, xet_cache, mixed_cache):
     cache = xet_cache if layout == "xet" else mixed_cache
-    store = model_store.scan_store(str(cache), "")
+    store = store_scan.scan_store(str(cache), "")
     sim = model_store.DeletionSimulator(store)
     folders = {A: ONE, B: ONE, C: TWO, D: THREE}
     for commits in steps:
@@ -171,7 +176,7 @@ def test_a_payload_counts_once_and_frees_only_with_its_last_link(layout, steps, 
 
 
 def test_weights_shared_by_two_repos_count_once_in_the_plan(xet_cache):
-    store = model_store.scan_store(str(xet_cache), "")
+    store = store_scan.scan_store(str(xet_cache), "")
     weights = str(payload_of(W1["model.safetensors"], xet_cache))
     size = len(W1["model.safetensors"])
     sim = model_store.DeletionSimulator(store)
@@ -190,8 +195,8 @@ def test_weights_shared_by_two_repos_count_once_in_the_plan(xet_cache):
 
 # ------------------------------------------------------------------------------------------ 3. purge
 def plan_for(cache, items, **options):
-    store = model_store.scan_store(str(cache), "")
-    state = disk_plan.build_protections(store, models={})
+    store = store_scan.scan_store(str(cache), "")
+    state = protections.build_protections(store, models={})
     plan = model_purge.plan_purge(store, state, roots=[str(cache)], items=items, **options)
     return store, plan
 
@@ -236,7 +241,7 @@ def test_a_repo_purge_removes_only_payloads_no_other_link_needs(xet_cache):
     plan, result, freed = purge(xet_cache, ["org/three", "org/two"])
     assert not result["left"] and str(weights) in [r["path"] for r in result["shared_removed"]]
     assert freed == result["planned_bytes"]
-    assert model_store.store_payloads(str(xet_cache)) == []
+    assert xet_store.store_payloads(str(xet_cache)) == []
     assert sorted(p.name for p in (xet_cache / "blobs").rglob("*") if p.is_file()) == [".huggingface-shared-blobs"]
 
 
@@ -320,7 +325,7 @@ def test_deletion_stays_in_the_cache_and_never_follows_a_link(xet_cache, tmp_pat
     fake = "ee" + "0" * 62
     (xet_cache / "blobs" / "ee").mkdir()
     os.symlink(str(victim), xet_cache / "blobs" / "ee" / fake)
-    store = model_store.scan_store(str(xet_cache), "")
+    store = store_scan.scan_store(str(xet_cache), "")
     assert any("links outside the cache" in p for p in store.repo("org/two").problems)
     assert str(xet_cache / "blobs" / "ee" / fake) not in store.shared
     plan, result, _freed = purge(xet_cache, ["org/two"])
@@ -329,8 +334,8 @@ def test_deletion_stays_in_the_cache_and_never_follows_a_link(xet_cache, tmp_pat
     assert os.path.islink(xet_cache / "blobs" / "ee" / fake)
     # remove_shared_payload refuses anything but a store payload path
     for path in (str(victim), str(xet_cache / ONE / "blobs" / W1_WEIGHTS)):
-        assert model_store.remove_shared_payload(str(xet_cache), path)[1].startswith("it is not a payload path")
-    assert model_store.remove_shared_payload(str(xet_cache), str(xet_cache / "blobs" / "ee" / fake))[1] \
+        assert xet_store.remove_shared_payload(str(xet_cache), path)[1].startswith("it is not a payload path")
+    assert xet_store.remove_shared_payload(str(xet_cache), str(xet_cache / "blobs" / "ee" / fake))[1] \
         == "it is not a regular file"
     assert victim.exists()
     links_resolve(xet_cache)
@@ -350,7 +355,7 @@ def test_a_payload_whose_lock_is_held_is_kept(xet_cache):
 def test_disk_plan_reclaims_unreferenced_payloads_with_the_orphans(xet_cache):
     only_one = payload_of(b'{"a": 2}', xet_cache)
     shutil.rmtree(xet_cache / ONE)
-    store = model_store.scan_store(str(xet_cache), "")
+    store = store_scan.scan_store(str(xet_cache), "")
     device = os.stat(xet_cache).st_dev
     rows, reclaimable = disk_plan.shared_table(store, device)
     assert [r["path"] for r in rows] == [str(only_one)] and [sp.path for sp in reclaimable] == [str(only_one)]
@@ -449,8 +454,8 @@ def test_the_plain_layout_verifies_as_before(tmp_path):
 def test_page_cache_warm_reads_a_xet_snapshot_through_its_links(xet_cache):
     snap = xet_cache / ONE / "snapshots" / A
     files = page_cache_warm.snapshot_files(str(snap))
-    assert sorted(os.path.relpath(p, snap) for p, _ in files) == sorted(W1)
-    assert sum(size for _, size in files) == sum(len(v) for v in W1.values())
+    assert sorted(os.path.relpath(p, snap) for p, _unused in files) == sorted(W1)
+    assert sum(size for _unused, size in files) == sum(len(v) for v in W1.values())
     out = page_cache_warm.warm(files)
     assert out["complete"] and out["bytes_read"] == sum(len(v) for v in W1.values())
     # two snapshot entries that share one payload are read once

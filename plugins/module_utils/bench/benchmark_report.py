@@ -152,7 +152,7 @@ CSV_COLUMNS += [
 def render_csv(report):
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([name for name, _ in CSV_COLUMNS])
+    w.writerow([name for name, _unused in CSV_COLUMNS])
     for s in report["steps"]:
         row = []
         for _name, get in CSV_COLUMNS:

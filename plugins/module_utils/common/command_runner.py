@@ -25,7 +25,7 @@ class HostCommands:
     def of(cls, module):
         """The module's own runner: its logging, its PATH and its no_log rules apply."""
         return cls(lambda argv, env: module.run_command(argv, environ_update=env),
-                   lambda name: module.get_bin_path(name))
+                   module.get_bin_path)
 
     @classmethod
     def local(cls):

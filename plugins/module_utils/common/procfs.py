@@ -98,7 +98,7 @@ def other_mount_namespace(pid, proc=PROC) -> bool:
 
 def _maps_device(field):
     """/proc/PID/maps' device field "MM:mm" (hex) as (major, minor)."""
-    major, _, minor = field.partition(":")
+    major, _unused, minor = field.partition(":")
     return int(major, 16), int(minor, 16)
 
 

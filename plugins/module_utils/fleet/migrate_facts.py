@@ -18,9 +18,11 @@ import json
 import os
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 
@@ -147,11 +149,11 @@ def fetch_facts(entry: dict, listing: dict, *, cache_dir, local_dir, verify: str
     try:
         job.setup()
         plan = job.plan()
-    except hf_snapshot.FetchError as exc:
+    except hf_errors.FetchError as exc:
         raise ReadError("%s: planning the download of %s: %s" % (ACTION, entry["repo_id"], exc))
     return {"commit": job.commit, "snapshot_path": job.layout.snapshot(job.commit),
             "listing_source": job.listing_source, "verified": plan["noop"],
-            "in_flight": hf_snapshot.lock_in_flight(job.layout.lock_path),
+            "in_flight": hf_locks.lock_in_flight(job.layout.lock_path),
             "would_fetch": {"files": plan["fetch"], "bytes": plan["bytes_to_fetch"], "verify": plan["verify"]}}
 
 
@@ -163,8 +165,8 @@ def gather(params: dict, commands) -> dict:
     listing = params["listing"]
     models, target = params["store"]["models"], params["store"]["target"]
     try:
-        entry = disk_plan.catalog_entry(models, target, "target")
-    except disk_plan.PlanError as exc:
+        entry = plan_inputs.catalog_entry(models, target, "target")
+    except plan_inputs.PlanError as exc:
         raise ReadError("%s: %s" % (ACTION, exc))
     commit = listing["commit"] if isinstance(listing, dict) else None
     service_params = dict(params["service"], model={"name": target, "repo_id": entry["repo_id"],
@@ -189,7 +191,7 @@ def gather(params: dict, commands) -> dict:
         disk, warnings, store, state = store_context.plan(store_params, ACTION, commands, listing=listing)
     except store_context.StoreError as exc:
         raise ReadError(str(exc))
-    except disk_plan.PlanError as exc:
+    except plan_inputs.PlanError as exc:
         raise ReadError("%s: %s" % (ACTION, exc))
     timings["disk_s"] = time.monotonic() - started
     started = time.monotonic()

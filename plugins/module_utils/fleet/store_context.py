@@ -2,7 +2,7 @@
 # Copyright: modelswap engineers; Apache-2.0
 """What disk_plan and model_purge share on the host: options, the store, the served model.
 
-Thin glue between the modules' options and the pure planners (model_store, disk_plan,
+Thin glue between the modules' options and the pure planners (store_scan, disk_plan,
 served_model): validates the store folders, scans them, reads the deployment record and the
 vLLM unit, and builds the protections. It takes plain values (the options as a dict, a
 command_runner.HostCommands), not the AnsibleModule: every failure raises StoreError with a
@@ -16,7 +16,10 @@ import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import target_needs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_scan
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import served_model
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import nearest_existing
@@ -114,7 +117,7 @@ def scan(params: dict, action: str):
     cache_dir, models_dir = store_dirs(params, action)
     started = time.monotonic()
     try:
-        store = model_store.scan_store(cache_dir, models_dir, workers=max(1, params["scan_workers"]))
+        store = store_scan.scan_store(cache_dir, models_dir, workers=max(1, params["scan_workers"]))
     except OSError as exc:
         raise StoreError("%s: cannot scan the model store (%s); check permissions" % (action, exc))
     return store, time.monotonic() - started
@@ -143,12 +146,12 @@ def host_state(params: dict, store, action: str, commands, target_commit: str = 
         raise StoreError("%s: %s" % (action, exc))
     unit = served_model.read_unit(commands, params["vllm_unit"])
     try:
-        state = disk_plan.build_protections(
+        state = protections.build_protections(
             store, models=params["models"], target=params["target"], target_commit=target_commit,
             keep=params["keep"], served=params["served"], record=record,
             record_path=params["deployment_record"], unit=unit, unit_name=params["vllm_unit"],
             protect_paths=params["protect_paths"], processes=running_vllm_servers())
-    except disk_plan.PlanError as exc:
+    except plan_inputs.PlanError as exc:
         raise StoreError("%s: %s (nothing was changed)" % (action, exc))
     state["warnings"] = []
     if not state["served"]["sources"]:
@@ -162,13 +165,13 @@ def host_state(params: dict, store, action: str, commands, target_commit: str = 
 def plan(params: dict, action: str, commands, listing=None) -> tuple:
     """(disk_plan's result, warnings, the scanned store, the host's state): read the store, its file system, the target's files (listed
     from the Hub, or ``listing``: hf_snapshot's listing made elsewhere), what the host serves, then
-    plan. ``params`` are disk_plan's options; StoreError or disk_plan.PlanError when it cannot."""
+    plan. ``params`` are disk_plan's options; StoreError or plan_inputs.PlanError when it cannot."""
     timings, warnings = {}, []
-    rate = disk_plan.parse_bytes(params["download_rate"], "download_rate") if params["download_rate"] else 0
+    rate = plan_inputs.parse_bytes(params["download_rate"], "download_rate") if params["download_rate"] else 0
     store, timings["scan_s"] = scan(params, action)
     fs = fs_info(store_fs_path(params, store))
-    headroom = disk_plan.parse_headroom(params["headroom"], fs["total_bytes"])
-    entry = disk_plan.catalog_entry(params["models"], params["target"], "target") if params["target"] else None
+    headroom = plan_inputs.parse_headroom(params["headroom"], fs["total_bytes"])
+    entry = plan_inputs.catalog_entry(params["models"], params["target"], "target") if params["target"] else None
     started = time.monotonic()
     target, listed = read_target(
         store, entry, name=params["target"], target_bytes=params["target_bytes"], block_size=fs["block_size"],
@@ -202,7 +205,7 @@ def read_target(store, entry, *, name, target_bytes, block_size: int, endpoint=N
             entry["repo_id"], entry["revision"], cache_dir=store.cache_dir, endpoint=endpoint,
             token=token, allow_patterns=entry["allow_patterns"], ignore_patterns=entry["ignore_patterns"],
             http_endpoint_trusted=http_endpoint_trusted)
-    target = disk_plan.plan_target(entry, name, target_bytes, listed)
+    target = target_needs.plan_target(entry, name, target_bytes, listed)
     if listed is not None:
-        target.update(disk_plan.target_needs(store, entry["repo_id"], listed["commit"], listed["files"], block_size))
+        target.update(target_needs.target_needs(store, entry["repo_id"], listed["commit"], listed["files"], block_size))
     return target, listed

@@ -485,7 +485,7 @@ def read_topology(nvml, handles):
 
 
 def _rank(path):
-    for level, (name, _) in TOPOLOGY_PATHS.items():
+    for level, (name, _unused) in TOPOLOGY_PATHS.items():
         if name == path:
             return level
     return -1

@@ -15,7 +15,7 @@ import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.units import human_bytes
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
-from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
+from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_verify
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub.hf_snapshot_progress import Progress
@@ -205,7 +205,7 @@ def run(job, params: dict, progress, *, check_mode: bool, diff: bool, warn, star
     result: (changed, result). ``Failed`` for every failure the module reports."""
     try:
         changed, result = _plan_and_apply(job, params, progress, check_mode, diff, warn)
-    except hf_snapshot.FetchError as exc:
+    except hf_errors.FetchError as exc:
         failure = fetch_failure(exc, job.commit, job.library_log.lines, params["token"])
         if progress is not None:
             progress.finish("failed", failure.msg)
@@ -252,8 +252,8 @@ def _apply(job, params, plan, result, before_manifest, diff, warn) -> bool:
     """The one guarded apply: download and verify what the plan says, write the manifest."""
     layout = job.layout
     if params["offline"] and plan["fetch"]:
-        raise hf_snapshot.FetchError(offline_message(params["repo_id"], job.commit, layout.root, plan["fetch"]),
-                                     "offline")
+        raise hf_errors.FetchError(offline_message(params["repo_id"], job.commit, layout.root, plan["fetch"]),
+                                   "offline")
     changed = True
     try:
         out = job.execute(plan)

@@ -20,7 +20,7 @@ when its target, resolved, is a regular file of that store, opened with ``O_NOFO
 leads anywhere else (an absolute path outside the cache, a device, a FIFO) is refused as untrusted
 and never opened.
 
-Pure stdlib (and model_store's layout rules): unit-tested directly, importable on any host.
+Pure stdlib (and the store's layout rules: cache_layout, xet_store): unit-tested directly, importable on any host.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout, xet_store
 
 ALGOS = ("sha256", "git-sha1")
 MODES = ("full", "size")
@@ -86,7 +86,7 @@ def cache_target(path: str, cache_dir: str) -> str:
     """
     cache_dir = os.path.normpath(cache_dir)
     rel = os.path.relpath(os.path.normpath(path), cache_dir).split(os.sep)
-    if len(rel) < 4 or rel[0] in ("..", model_store.SHARED_STORE_DIR) or rel[1] != "snapshots":
+    if len(rel) < 4 or rel[0] in ("..", cache_layout.SHARED_STORE_DIR) or rel[1] != "snapshots":
         raise Untrusted("%s is not a snapshot entry of the cache %s" % (path, cache_dir))
     blobs_dir = os.path.join(cache_dir, rel[0], "blobs")
     st = os.lstat(path)
@@ -103,10 +103,10 @@ def cache_target(path: str, cache_dir: str) -> str:
     if not stat.S_ISLNK(st.st_mode):
         raise Untrusted("blob %s is not a regular file" % blob)
     target = _resolve_link(blob)
-    payload = model_store.shared_payload_path(cache_dir, target)
-    if payload is None or not model_store.is_shared_store(cache_dir):
+    payload = xet_store.shared_payload_path(cache_dir, target)
+    if payload is None or not xet_store.is_shared_store(cache_dir):
         raise Untrusted("blob %s links to %s, not to a payload of the shared store %s"
-                        % (blob, target, model_store.shared_store_dir(cache_dir)))
+                        % (blob, target, xet_store.shared_store_dir(cache_dir)))
     real = os.path.realpath(payload)
     if real != payload:
         raise Untrusted("blob %s links to %s, which resolves to %s, outside the shared store"

@@ -30,7 +30,7 @@ import socket
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
-from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import COMMIT_RE, repo_folder_name
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.cache_layout import COMMIT_RE, repo_folder_name
 
 try:
     HAS_HF = importlib.util.find_spec("huggingface_hub") is not None

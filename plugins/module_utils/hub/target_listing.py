@@ -3,13 +3,13 @@
 """The target's files as the disk plan counts them: listed on the Hub (or its tree cache), or
 taken from a listing the controller made once for the fleet, checked and filtered by the entry's
 patterns. Each file is ``{"path", "size", "etag"}`` (``etag``: the name its blob gets in the
-cache). Failures are disk_plan's PlanError, whose message is final.
+cache). Failures are the plan's PlanError (store/plan_inputs.py), whose message is final.
 """
 from __future__ import annotations
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
-from ansible_collections.modelswap.vllm.plugins.module_utils.store.disk_plan import PlanError
-from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import COMMIT_RE
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.plan_inputs import PlanError
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.cache_layout import COMMIT_RE
 
 HUB_WAY_OUT = "or pass target_bytes to plan without the Hub"
 

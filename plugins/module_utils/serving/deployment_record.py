@@ -34,7 +34,7 @@ import re
 import shutil
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_copy, atomic_write_text
-from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import (
+from ansible_collections.modelswap.vllm.plugins.module_utils.store.cache_layout import (
     COMMIT_RE,
     StoreError,
     validate_repo_id,

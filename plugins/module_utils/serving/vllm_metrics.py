@@ -23,9 +23,9 @@ def parse_metrics(text, model=None):
         name, brace, rest = line.partition("{")
         labels = ""
         if brace:
-            labels, _, value = rest.rpartition("}")
+            labels, _unused, value = rest.rpartition("}")
         else:
-            name, _, value = line.partition(" ")
+            name, _unused, value = line.partition(" ")
         if model and 'model_name="' in labels and f'model_name="{model}"' not in labels:
             continue
         if name == "vllm:cache_config_info":

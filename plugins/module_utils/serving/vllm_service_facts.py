@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import deployment_record
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit_state
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import snapshot_check
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.served_model import (
     exec_start_argv,
@@ -111,16 +111,16 @@ def vllm_facts(commands, venv, binary) -> dict:
     return out
 
 
-def port_facts(port: int, unit: str, replaces, listeners_on=vllm_ready.port_listeners) -> dict:
+def port_facts(port: int, unit: str, replaces, listeners_on=vllm_unit_state.port_listeners) -> dict:
     """The port's listeners, each with a one-line ``text``, and those outside the units."""
     listeners = listeners_on(port)
     for entry in listeners:
-        entry["text"] = vllm_ready.describe_listener(entry)
+        entry["text"] = vllm_unit_state.describe_listener(entry)
     return {"port": port, "listeners": listeners,
-            "foreign": vllm_ready.foreign_listeners(listeners, unit, replaces)}
+            "foreign": vllm_unit_state.foreign_listeners(listeners, unit, replaces)}
 
 
-def gather(params: dict, commands, listeners_on=vllm_ready.port_listeners) -> dict:
+def gather(params: dict, commands, listeners_on=vllm_unit_state.port_listeners) -> dict:
     """The module's result from its option values; FactsError when it must fail."""
     why = deployment_record.facts_options_problem(params["unit"], params["replaces"], params["port"],
                                                   params["model"]["repo_id"] if params["model"] else None)

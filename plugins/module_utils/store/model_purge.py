@@ -5,7 +5,7 @@
 The module reads (store_context.scan, host_state), calls ``plan_purge`` (which judges every item,
 groups them into deletion steps, plans the paths each step unlinks, the orphaned partial downloads
 and the stale lock files) and, outside check mode, ``apply_purge``: with every download lock of
-what changes held, the plan is checked again (model_store.plan_changes) and deleted as planned.
+what changes held, the plan is checked again (unlink_plan.plan_changes) and deleted as planned.
 
 The plan functions read the scanned store and probe locks but change nothing; each is
 table-tested directly (tests/unit/test_model_purge_plan.py). Refusals and failures raise
@@ -20,7 +20,7 @@ fails (tests/unit/test_purge_verified.py).
 On a Xet-layout cache (docs/architecture.md, "The Xet cache layout") a repo's blobs are links into
 the cache-wide shared store: a step unlinks them (never follows them), and a payload goes only when
 no link left in the cache references it, checked under the payload's lock from the links really
-on disk (model_store.remove_shared_payload), not only from its ``.refs`` hint. The plan names the
+on disk (xet_store.remove_shared_payload), not only from its ``.refs`` hint. The plan names the
 payloads (``shared``): those whose last link the purge removes and, with ``clean_orphans``, those
 no link references any more (what a purge that died between a link and its payload left).
 """
@@ -34,8 +34,13 @@ import stat
 import sys
 from pathlib import Path
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import purge_items
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import unlink_plan
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import xet_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import listed
 
@@ -68,7 +73,7 @@ class PurgePlan:
     absent: list            # item strings not in the store (missing=ignore)
     steps: list             # group_steps(chosen): (kind, key, [Item])
     removed: list           # one row per item, with the bytes its step frees
-    deletions: list         # model_store.delete_plan steps: the exact paths to unlink
+    deletions: list         # unlink_plan.delete_plan steps: the exact paths to unlink
     orphans: list = dataclasses.field(default_factory=list)        # {"path", "repo_id", "bytes"}
     busy_orphans: list = dataclasses.field(default_factory=list)   # partial files a download holds
     stale: list = dataclasses.field(default_factory=list)          # {"path", "bytes", "dir"}
@@ -95,11 +100,11 @@ def path_refusal(path: str, roots) -> str:
     """Why ``path`` may not be deleted under ``roots`` (real paths), or ''."""
     norm = os.path.normpath(path)
     real = os.path.realpath(norm)
-    if not any(model_store.is_within(norm, r) or model_store.is_within(real, r) for r in roots):
+    if not any(cache_layout.is_within(norm, r) or cache_layout.is_within(real, r) for r in roots):
         return "it is outside the roots (%s); only paths inside them can be purged" % ", ".join(roots)
     if real in roots or norm in roots:
         return "it is a root itself (%s); name an item inside it" % real
-    if not any(model_store.is_within(real, r) for r in roots):
+    if not any(cache_layout.is_within(real, r) for r in roots):
         return "it resolves through a symlink to %s, outside the roots (%s)" % (real, ", ".join(roots))
     if os.path.islink(norm):
         return "it is a symlink (to %s); name the directory itself" % os.readlink(norm)
@@ -163,7 +168,7 @@ def purge_roots(store, roots_option) -> list:
 def served_refusal(item, guard, state, unit_name: str) -> str:
     """Why the served ``item`` may not go even with allow_served_purge, or '': a vLLM server still
     serves it, or its unit runs (or its state is unknown)."""
-    live = disk_plan.protecting(item, state["running"])
+    live = protections.protecting(item, state["running"])
     if live is not None:
         return "it is %s; stop that server before purging the model it serves" % live.label
     if state["served"]["unit_active"] is not False:
@@ -186,23 +191,23 @@ def judge_items(store, items, *, roots, models, state, missing: str = "ignore",
                 if why:
                     refused.append({"item": text, "rule": "roots", "why": why})
                     continue
-                item = disk_plan.item_for_path(store, os.path.realpath(text))
+                item = purge_items.item_for_path(store, os.path.realpath(text))
             else:
-                item = disk_plan.resolve_item(store, text, models)
-        except disk_plan.NotInStore as exc:
+                item = purge_items.resolve_item(store, text, models)
+        except plan_inputs.NotInStore as exc:
             if missing == "fail":
                 refused.append({"item": text, "rule": "missing", "why": "%s (missing=fail)" % exc})
             else:
                 absent.append(text)
             continue
-        except disk_plan.PlanError as exc:
+        except plan_inputs.PlanError as exc:
             refused.append({"item": text, "rule": "input", "why": str(exc)})
             continue
         why = path_refusal(item.path, roots)
         if why:
             refused.append({"item": text, "rule": "roots", "why": why})
             continue
-        guard = disk_plan.protecting(item, state["protections"])
+        guard = protections.protecting(item, state["protections"])
         if guard is not None:
             if guard.rule == "served" and allow_served_purge and item in state["served_items"]:
                 why = served_refusal(item, guard, state, unit_name)
@@ -249,7 +254,7 @@ def group_steps(chosen) -> list:
 
 
 def plan_removal(store, steps, simulator, models=None) -> tuple:
-    """(removed rows, model_store.delete_plan steps): the bytes each step frees, simulated in order
+    """(removed rows, unlink_plan.delete_plan steps): the bytes each step frees, simulated in order
     on ``simulator`` (a DeletionSimulator the orphans are then planned on); PurgeRefused for
     revisions of a damaged repo."""
     removed = []
@@ -262,7 +267,7 @@ def plan_removal(store, steps, simulator, models=None) -> tuple:
         else:
             effect = simulator.apply(group[0])
         for item in group:
-            row = disk_plan.item_dict(store, item, models)
+            row = purge_items.item_dict(store, item, models)
             row["bytes"] = effect.bytes if item is group[0] else 0
             if effect.removes_repo and item.kind == "revision":
                 row["removes_repo"] = True
@@ -274,13 +279,13 @@ def plan_removal(store, steps, simulator, models=None) -> tuple:
                                    "repo instead; nothing was deleted" % (ACTION, repo.repo_id, repo.problems[0]),
                                    changed=False)
             repo_steps.append((key, effect))
-    deletions = model_store.delete_plan(store, repo_steps, [g[0].name for k, _, g in steps if k == "dir"])
+    deletions = unlink_plan.delete_plan(store, repo_steps, [g[0].name for k, _unused, g in steps if k == "dir"])
     return removed, deletions
 
 
 def cache_in_roots(store, roots) -> bool:
     """Orphans and stale locks are cleaned only when the cache itself is inside the roots."""
-    return bool(store.cache_dir) and any(model_store.is_within(store.cache_dir, r) for r in roots)
+    return bool(store.cache_dir) and any(cache_layout.is_within(store.cache_dir, r) for r in roots)
 
 
 def plan_orphans(store, simulator) -> tuple:
@@ -315,7 +320,7 @@ def plan_stale_locks(store, simulator) -> list:
             continue
         if store_locks.busy_locks(path):
             continue
-        if folder not in store.repos and model_store.parse_repo_folder(folder):
+        if folder not in store.repos and cache_layout.parse_repo_folder(folder):
             stale.append({"path": path, "bytes": walk_alloc(path), "dir": True})
             continue
         for name in sorted(os.listdir(path)):
@@ -385,7 +390,7 @@ def purge_diff(store, plan: PurgePlan) -> dict:
 
 # ------------------------------------------------------------------------------------ the apply
 def delete_step(store, step) -> list:
-    """Delete exactly ``step``'s planned paths (model_store.delete_plan), already re-checked: a healthy
+    """Delete exactly ``step``'s planned paths (unlink_plan.delete_plan), already re-checked: a healthy
     repo's through huggingface_hub's strategy (its deletion order and shared-store cleanup), a
     damaged repo or a plain directory with rmtree; then check them on disk (``leftovers``).
     Returns what is still there, [(path, cause)]; the repo's lock folder goes only when nothing is."""
@@ -406,7 +411,7 @@ def delete_step(store, step) -> list:
         pass    # what the failure left is found, removed once more or named, below
     if step.uses_hf:
         try:
-            model_store.remove_metadata(step)
+            unlink_plan.remove_metadata(step)
         except OSError:
             pass
     left = leftovers(step)
@@ -459,12 +464,12 @@ def _cause(exc) -> str:
 
 
 def leftovers(step) -> list:
-    """What of ``step``'s planned paths (model_store.PurgeStep.unlinks) is still on disk after its
+    """What of ``step``'s planned paths (unlink_plan.PurgeStep.unlinks) is still on disk after its
     deletion, [(path, cause)], in plan order; empty when all of it is gone.
 
     huggingface_hub's strategy logs a path it cannot delete and goes on, so each planned path still
     there is removed once more, exactly as planned, and only if it is still what the plan saw
-    (model_store.unlink_problem: same inode and type, reached through no symlink; otherwise it is
+    (unlink_plan.unlink_problem: same inode and type, reached through no symlink; otherwise it is
     left alone and that is its cause). What that second removal cannot delete is named with the
     OSError's strerror (a folder's own "Directory not empty" only when nothing inside says more);
     what it deletes is not a leftover.
@@ -477,7 +482,7 @@ def leftovers(step) -> list:
             continue
         if st is None:
             continue
-        why = model_store.unlink_problem(u)
+        why = unlink_plan.unlink_problem(u)
         if why:
             out.append((u.path, why))
             continue
@@ -499,14 +504,14 @@ def left_row(step, left) -> dict:
     for _path, cause in left:
         if cause not in causes:
             causes.append(cause)
-    return {"item": step.label, "paths": [p for p, _ in left], "cause": "; ".join(causes)}
+    return {"item": step.label, "paths": [p for p, _unused in left], "cause": "; ".join(causes)}
 
 
 def count_entries(step) -> int:
     """How many of ``step``'s planned paths and the entries inside its folders are on disk."""
     n = 0
     for u in step.unlinks:
-        st, _ = _lstat(u.path)
+        st, _unused = _lstat(u.path)
         if st is None:
             continue
         n += 1
@@ -531,7 +536,7 @@ def leftover_message(removed: int, planned: int, left, shown: int = 3) -> str:
 
 
 def rows_of(plan: PurgePlan, steps) -> list:
-    """The rows of ``plan.removed`` that the deletion ``steps`` (model_store.PurgeStep) account for:
+    """The rows of ``plan.removed`` that the deletion ``steps`` (unlink_plan.PurgeStep) account for:
     a repo step's items by its folder, a plain directory's by its path."""
     keys = {step.folder or step.label for step in steps}
     out = []
@@ -567,7 +572,7 @@ def delete_planned(store, plan: PurgePlan, result: dict) -> tuple:
                 raise PurgeRefused("%s refused %s: a download holds %s; wait for it to finish or stop it; "
                                    "nothing was deleted" % (ACTION, item.ident, busy[0]), changed=False)
             holders.append(holder)
-        changes = model_store.plan_changes(store, plan.deletions)
+        changes = unlink_plan.plan_changes(store, plan.deletions)
         if changes:
             raise PurgeRefused("%s refused: the store changed since it was planned (%s%s); nothing was "
                                "deleted; find out who writes to it, then run again to plan afresh" % (
@@ -667,7 +672,7 @@ def remove_shared(store, plan: PurgePlan) -> tuple:
     removed, kept, left = [], [], []
     if not plan.shared:
         return removed, kept, left
-    refs, complete = model_store.shared_references(store.cache_dir)
+    refs, complete = xet_store.shared_references(store.cache_dir)
     for row in plan.shared:
         path = row["path"]
         if not complete:
@@ -675,7 +680,7 @@ def remove_shared(store, plan: PurgePlan) -> tuple:
                                           "exist unseen"))
             continue
         try:
-            _size, why = model_store.remove_shared_payload(store.cache_dir, path, refs.get(path, ()))
+            _size, why = xet_store.remove_shared_payload(store.cache_dir, path, refs.get(path, ()))
         except OSError as exc:
             left.append({"item": "shared payload %s" % path, "paths": [path], "cause": _cause(exc)})
             continue

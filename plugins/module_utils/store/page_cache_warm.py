@@ -32,7 +32,7 @@ def parse_meminfo(text: str) -> dict:
     """/proc/meminfo as {name: bytes} (its values are in kB = KiB)."""
     out = {}
     for line in text.splitlines():
-        name, _, rest = line.partition(":")
+        name, _unused, rest = line.partition(":")
         parts = rest.split()
         if not parts:
             continue

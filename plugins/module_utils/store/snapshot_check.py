@@ -21,16 +21,16 @@ import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import hf_manifest
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import hub_trust
-from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_store
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 
-# model_store owns the commit rule (\Z, not $: "$" also matches before a trailing newline).
-COMMIT_RE = model_store.COMMIT_RE
+# cache_layout owns the commit rule (\Z, not $: "$" also matches before a trailing newline).
+COMMIT_RE = cache_layout.COMMIT_RE
 MODES = ("full", "size", "none")
 FIX = "fetch it first (playbooks/fetch.yml, role model_fetch)"
 
 
 def repo_folder(repo_id: str) -> str:
-    return model_store.repo_folder_name(repo_id)
+    return cache_layout.repo_folder_name(repo_id)
 
 
 def manifest_for(path: str, commit: str, cache_dir=None, repo_id=None) -> str:
@@ -83,8 +83,8 @@ def check(name, repo_id, revision, *, record=None, cache_dir=None, path=None, mo
     if mode not in MODES:
         raise ValueError("mode must be one of %s" % ", ".join(MODES))
     try:
-        model_store.validate_repo_id(repo_id)
-    except model_store.StoreError as exc:
+        cache_layout.validate_repo_id(repo_id)
+    except cache_layout.StoreError as exc:
         out = {"commit": None, "path": None, "manifest": None, "source": None}
         return dict(out, verified=False, files=0, bytes=0, verified_at=None, verify=None,
                     reason=str(exc))

@@ -229,7 +229,7 @@ METRIC_KEYS = {
 
 def server_sample(text, model):
     """The served model's gauges and counters, by the short keys of a raw record."""
-    values, _ = parse_metrics(text, model)
+    values, _unused = parse_metrics(text, model)
     out = {}
     for name, value in values.items():
         key = METRIC_KEYS.get(name)
@@ -494,7 +494,7 @@ class Ladder(LoadTestShape):
 
 
 # --- wiring ------------------------------------------------------------------------------------------
-def _on_phase(environment, msg, **_):
+def _on_phase(environment, msg, **_unused):
     d = msg.data
     if d["p"] == "warmup":
         # The users and their connections now exist: move them (and everything else alive) out
@@ -526,7 +526,7 @@ def _bound_garbage():
         gc.collect()
 
 
-def _on_progress(environment, msg, **_):
+def _on_progress(environment, msg, **_unused):
     MASTER.progress[msg.node_id] = msg.data
 
 
@@ -563,7 +563,7 @@ def _client_monitor():
     last_steal = _steal_ticks()
     while True:
         lags = []
-        for _ in range(50):
+        for _unused in range(50):
             t = perf()
             gevent.sleep(0.02)
             lags.append(perf() - t - 0.02)
@@ -590,7 +590,7 @@ def _metrics_loop():
 
 
 @events.init.add_listener
-def _on_init(environment, **_):
+def _on_init(environment, **_unused):
     global CONFIG, STATE, MASTER
     CONFIG = load_config()
     runner = environment.runner
@@ -614,7 +614,7 @@ def _on_init(environment, **_):
 
 
 @events.test_start.add_listener
-def _on_test_start(environment, **_):
+def _on_test_start(environment, **_unused):
     # Startup left ~10^5 long-lived objects (Locust, gevent, the config, the prompts): move them out
     # of the collector's reach, so a full collection during the load does not stall every stream
     # (one took 38 ms here and showed as late chunks).
@@ -623,7 +623,7 @@ def _on_test_start(environment, **_):
 
 
 @events.quitting.add_listener
-def _on_quitting(environment, **_):
+def _on_quitting(environment, **_unused):
     for st in (STATE, MASTER):
         if st is not None:
             st.fh.flush()

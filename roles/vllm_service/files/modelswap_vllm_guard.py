@@ -78,7 +78,7 @@ class RequireApiKey:
                             if routes is None else frozenset(routes))
 
     def authorized(self, headers) -> bool:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
+        scheme, _unused, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
             return False
         return secrets.compare_digest(hashlib.sha256(token.encode("utf-8")).digest(), self._digest)
