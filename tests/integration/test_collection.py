@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.fixtures import REPO
+from tests.support.modules import build_collection
 
 pytestmark = pytest.mark.lab
 BIN = Path(sys.executable).parent
@@ -18,13 +19,10 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("build")
-    subprocess.run([BIN / "ansible-galaxy", "collection", "build", "--force", "--output-path", out, "."],
-                   cwd=REPO, check=True, capture_output=True)
-    tarball = next(out.glob("modelswap-vllm-*.tar.gz"))
+    tarball = build_collection(tmp_path_factory.mktemp("build"))
     colls = tmp_path_factory.mktemp("collections")
     subprocess.run([BIN / "ansible-galaxy", "collection", "install", "--force", "-p", colls, tarball],
-                   cwd=out, check=True, capture_output=True)
+                   cwd=tarball.parent, check=True, capture_output=True)
     return tarball, colls / "ansible_collections" / "modelswap" / "vllm"
 
 

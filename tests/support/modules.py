@@ -43,3 +43,10 @@ def run_module(name: str, args: dict | None = None, *, check_mode: bool = False,
                              f"stdout: {proc.stdout}\nstderr: {proc.stderr}") from exc
     result.setdefault("rc_", proc.returncode)
     return result
+
+
+def build_collection(out: Path) -> Path:
+    """``ansible-galaxy collection build`` of this repository into ``out``; the tarball's path."""
+    subprocess.run([Path(sys.executable).parent / "ansible-galaxy", "collection", "build", "--force", "--output-path", out, "."],
+                   cwd=REPO, check=True, capture_output=True)
+    return next(out.glob("modelswap-vllm-*.tar.gz"))

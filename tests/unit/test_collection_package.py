@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.modules import REPO
+from tests.support.modules import REPO, build_collection
 
 pytestmark = [pytest.mark.unit, pytest.mark.repo]
 BIN = Path(sys.executable).parent
@@ -20,10 +20,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def tarball(tmp_path_factory):
-    out = tmp_path_factory.mktemp("build")
-    subprocess.run([BIN / "ansible-galaxy", "collection", "build", "--force", "--output-path", out, "."],
-                   cwd=REPO, check=True, capture_output=True)
-    return next(out.glob("modelswap-vllm-*.tar.gz"))
+    return build_collection(tmp_path_factory.mktemp("build"))
 
 
 def test_no_folder_ships_as_a_link_and_every_file_link_stays_inside(tarball):

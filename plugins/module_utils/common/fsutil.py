@@ -96,12 +96,12 @@ def nearest_existing(path: str) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: str):
-    """An exclusive flock on ``<path>.lock``, shared by every writer of ``path`` (the deployment
-    record and the manifests beside it)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+def locked(path: str, mode: int = 0o600):
+    """An exclusive flock on ``<path>.lock`` (created with ``mode``), shared by every writer of
+    ``path`` (the deployment record and the manifests beside it, the host's lease); the folder is
+    created (0755) when missing."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, mode)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -20,13 +20,11 @@ the other sees it held; ``plan`` decides without writing (check mode). Nothing h
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text, locked
 
 SCHEMA = 1
 STATES = ("held", "released", "read")
@@ -210,18 +208,6 @@ def dumps(lease: dict) -> str:
     return json.dumps(lease, indent=2, sort_keys=True) + "\n"
 
 
-@contextlib.contextmanager
-def locked(path: str):
-    """Exclusive flock on ``<path>.lock``, its folder created (0755) when missing."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def plan(path: str, request: dict, now: float) -> dict:
     """The decision, without a lock or a write (check mode, state=read)."""
     return decide(read(path), request, now)
@@ -230,7 +216,7 @@ def plan(path: str, request: dict, now: float) -> dict:
 def apply(path: str, request: dict, now: float) -> dict:
     """Read, decide and do it (write the lease, 0644, atomically; or remove it), all under the
     lock: of two runs at once, one takes the lease and the other sees it held."""
-    with locked(path):
+    with locked(path, mode=0o644):   # the lease's lock file is readable, like the lease
         decision = decide(read(path), request, now)
         if decision["action"] in ("take", "renew"):
             atomic_write_text(path, dumps(decision["lease"]), 0o644)

@@ -133,7 +133,8 @@ def rsync_copier(commands, *, source_cache_dir: str = "", serve_root: str = "", 
         try:
             with os.fdopen(fd, "w") as fh:
                 fh.write("".join("%s\n" % line for line in lines))
-            argv = rsync_argv(rsync, ssh=ssh, source_path=source_dir(source_cache_dir, serve_root), dest=dest,
+            # user, source and port come in **settings (pylint cannot see them)
+            argv = rsync_argv(rsync, ssh=ssh, source_path=source_dir(source_cache_dir, serve_root), dest=dest,  # pylint: disable=missing-kwoa
                               list_file=list_file, list_only=list_only, **settings)
             return commands.run(argv)
         finally:

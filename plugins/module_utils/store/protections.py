@@ -8,13 +8,7 @@ import os
 from dataclasses import dataclass
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.cache_layout import (
-    COMMIT_RE,
-    StoreError,
-    is_within,
-    parse_repo_folder,
-    repo_folder_name,
-    validate_repo_id,
-)
+    COMMIT_RE, StoreError, is_within, parse_repo_folder, repo_folder_name, validate_repo_id)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import Item
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.plan_inputs import PlanError, catalog_entry
 

@@ -10,13 +10,7 @@ import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.catalog import DEFAULT_REVISION
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.cache_layout import (
-    COMMIT_RE,
-    StoreError,
-    is_within,
-    parse_repo_folder,
-    repo_folder_name,
-    validate_repo_id,
-)
+    COMMIT_RE, StoreError, is_within, parse_repo_folder, repo_folder_name, validate_repo_id)
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.model_store import DeletionSimulator, Item, human_bytes
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.plan_inputs import NotInStore, PlanError, catalog_entry
 from ansible_collections.modelswap.vllm.plugins.module_utils.store.protections import protecting
