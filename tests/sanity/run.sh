@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ansible-test on the built collection, as a reviewer or AWX gets it (galaxy.yml's build_ignore
 # applied): `run.sh [sanity args]` runs sanity, `run.sh units [units args]` the unit tests that
-# need neither the lab nor the local Hub (tests/conftest.py leaves the others out there).
+# need neither the lab, the local Hub nor the repository around the collection (the files that
+# import the lab's tooling are left out below; tests/conftest.py deselects the marked tests).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 bin="$repo/.venv/bin"
