@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_ready
-short_description: Check that NVIDIA GPUs are ready for a model; clean /dev/shm leftovers
+short_description: Check that NVIDIA GPUs are ready for a model
 version_added: "0.1.0"
 description:
   - Reads the NVIDIA GPUs through NVML (the C(pynvml) module of the C(nvidia-ml-py) package) per
@@ -25,17 +25,17 @@ description:
     (vLLM's engine processes can outlive the API process). It waits only while the remaining
     problems can go away by themselves (memory still held, foreign processes still running);
     on timeout it reports who still holds what.
-  - Optionally removes shared-memory leftovers from O(shm_dir) (C(nccl-*), C(psm_*),
-    C(sem.mp-*), C(vllm_*) and O(shm_patterns)) that belong to O(service_user) and that no live
-    process holds open or maps. Files still in use are reported and kept, never removed. This
-    runs only when the GPU check passes (or O(fail_when_not_ready=false)).
+  - A readiness check changes nothing. With O(service_user) it also reports, in RV(stale_shm),
+    that user's stale shared-memory segments in O(shm_dir) (C(nccl-*), C(psm_*), C(sem.mp-*),
+    C(vllm_*) and O(shm_patterns) that no live process holds open or maps) and leaves them in
+    place; M(modelswap.vllm.shm_cleanup) removes them.
   - A host without the NVIDIA driver or NVML (a CPU serving host) returns RV(gpus=[]) with the
     reason in RV(nvml.reason); it is a failure only when the caller requires GPUs
     (O(require_gpus), O(min_gpus) > 0 or a parallel size).
   - NVML errors become messages that say what to do (driver/library version mismatch, no
     permission, GPU lost, ...).
 extends_documentation_fragment:
-  - modelswap.vllm.attributes
+  - modelswap.vllm.attributes.read_only
   - ansible.builtin.action_common_attributes
 options:
   devices:
@@ -123,29 +123,25 @@ options:
   fail_when_not_ready:
     description:
       - Fail when an expectation is not met. With C(false) the module returns RV(ready=false)
-        and RV(problems) instead (for reports), and still cleans /dev/shm if asked.
+        and RV(problems) instead (for reports).
     type: bool
     default: true
-  shm_cleanup:
-    description:
-      - Remove the service user's unused shared-memory leftovers from O(shm_dir).
-    type: bool
-    default: false
   service_user:
     description:
-      - The account that runs the vLLM service; only its files are removed. Must exist.
-      - Required when O(shm_cleanup=true).
+      - Report this account's stale shared-memory segments in RV(stale_shm); nothing is
+        removed. Must exist on the host. Without it O(shm_dir) is not read.
     type: str
   shm_dir:
     description:
-      - The shared-memory directory.
+      - The shared-memory directory read for RV(stale_shm) (with O(service_user)).
     type: path
     default: /dev/shm
   shm_patterns:
     description:
-      - Extra file-name globs to clean besides C(nccl-*), C(psm_*), C(sem.mp-*) and C(vllm_*),
-        e.g. C(sem.loky-*). A pattern is a name inside O(shm_dir), never a path; absolute
-        patterns, patterns with C(/), starting with C(.), or made of wildcards only are rejected.
+      - Extra file-name globs to report besides C(nccl-*), C(psm_*), C(sem.mp-*) and C(vllm_*),
+        e.g. C(sem.loky-*) (with O(service_user)). A pattern is a name inside O(shm_dir), never a
+        path; absolute patterns, patterns with C(/), starting with C(.), or made of wildcards only
+        are rejected.
     type: list
     elements: str
     default: []
@@ -153,24 +149,19 @@ attributes:
   check_mode:
     support: full
     details:
-      - Reading, judging and waiting run as usual (they change nothing); /dev/shm files that
-        would be removed are listed in RV(shm.removed) and none is removed.
-  diff_mode:
-    support: full
-    details:
-      - Shows the /dev/shm leftovers before and after the cleanup.
+      - Reading, judging and waiting change nothing; the module runs the same in check mode.
 notes:
-  - Run it with C(become=true) - reading other users' C(/proc/PID/fd) and removing their files
-    needs root. When some processes cannot be inspected the cleanup removes nothing and warns.
   - NVML reports host PIDs; inside a container with its own PID namespace the owners and command
     lines of GPU processes are unknown (reported as null).
-  - Removal re-checks each file (same inode and owner) just before unlinking it; a file opened
-    in the instant between the scan and the unlink is still removed from the directory (the
-    process keeps its mapping).
+  - Reading other users' C(/proc/PID/fd) for RV(stale_shm) needs root (C(become=true)); when
+    some processes cannot be inspected the segments listed are not proven unused, and the
+    module warns.
 requirements:
   - nvidia-ml-py (the C(pynvml) module) on hosts with NVIDIA GPUs; without it and without the
     NVIDIA driver the module reports no GPUs.
 seealso:
+  - module: modelswap.vllm.shm_cleanup
+    description: Removes the stale shared-memory segments RV(stale_shm) lists.
   - name: vLLM --gpu-memory-utilization
     description: The fraction of GPU memory vLLM claims; start-up fails when less is free.
     link: https://docs.vllm.ai/en/latest/configuration/engine_args.html
@@ -186,15 +177,20 @@ EXAMPLES = r"""
     min_compute_capability: "8.0"
   register: gpus
 
-- name: After stopping vLLM, wait until its GPU memory is free and clean its /dev/shm leftovers
+- name: After stopping vLLM, wait until its GPU memory is free (and list its stale /dev/shm segments)
   modelswap.vllm.gpu_ready:
     min_gpus: 8
     gpu_memory_utilization: 0.92
     wait_timeout: 120
     poll_interval: 2
-    shm_cleanup: true
     service_user: vllm
-    shm_patterns: ["sem.loky-*", "vllm_offload_*"]
+  become: true
+  register: gpus_released
+
+- name: Remove those segments before the start
+  modelswap.vllm.shm_cleanup:
+    service_user: vllm
+    patterns: ["sem.loky-*", "vllm_offload_*"]
   become: true
 
 - name: Report GPU state without failing (status page)
@@ -294,52 +290,20 @@ timed_out:
   description: The wait ended at O(wait_timeout) with problems left.
   returned: always
   type: bool
-shm:
-  description: The /dev/shm cleanup; present when O(shm_cleanup=true).
-  returned: when shm_cleanup
-  type: dict
-  contains:
-    dir:
-      description: The directory cleaned.
-      type: str
-    service_user:
-      description: Whose files were eligible.
-      type: str
-    patterns:
-      description: All patterns used.
-      type: list
-      elements: str
-    removed:
-      description: Files removed (in check mode, the files that would be removed).
-      type: list
-      elements: dict
-    bytes_freed:
-      description: Their total size.
-      type: int
-    in_use:
-      description: Service user's files kept because a live process holds them open (fd) or
-        maps them (mmap), with the holders' PIDs, users and command lines.
-      type: list
-      elements: dict
-    other_owner:
-      description: Matching files of other users, kept.
-      type: list
-      elements: dict
-    skipped:
-      description: Matching entries that are not regular files or changed during the run, kept.
-      type: list
-      elements: dict
-    unverified:
-      description: Files not removed because some processes could not be inspected.
-      type: list
-      elements: str
+stale_shm:
+  description: The stale shared-memory segments of O(service_user) in O(shm_dir) - matching
+    regular files no live process holds open or maps, what M(modelswap.vllm.shm_cleanup) would
+    remove - with their sizes and the pattern each matched. Reported only; left in place.
+  returned: when service_user is given
+  type: list
+  elements: dict
+  sample: [{"path": "/dev/shm/nccl-2f1a", "size": 33554432, "pattern": "nccl-*"}]
 msg:
   description: A one-line summary, or on failure every failing GPU and why.
   returned: always
   type: str
 """
 
-import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -373,66 +337,26 @@ def argument_spec():
         poll_interval=dict(type="float", default=2),
         topology=dict(type="bool", default=True),
         fail_when_not_ready=dict(type="bool", default=True),
-        shm_cleanup=dict(type="bool", default=False),
         service_user=dict(type="str"),
         shm_dir=dict(type="path", default=shm.SHM_DIR),
         shm_patterns=dict(type="list", elements="str", default=[]),
     )
 
 
-def clean_shm(module, p):
-    """Plan the /dev/shm cleanup and, outside check mode, apply it. Returns (shm result, diff)."""
+def stale_shm(module, p):
+    """The service user's stale /dev/shm segments, as shm_cleanup would plan them; none removed."""
     uid, user = shm.resolve_user(p["service_user"])
-    patterns = list(shm.DEFAULT_PATTERNS) + [x for x in p["shm_patterns"]
-                                             if x not in shm.DEFAULT_PATTERNS]
-    planned = shm.plan(p["shm_dir"], uid, patterns)
-    out = {"dir": p["shm_dir"], "service_user": user, "patterns": patterns, "removed": [],
-           "bytes_freed": 0, "in_use": planned["in_use"], "other_owner": planned["other_owner"],
-           "skipped": planned["skipped"], "unverified": []}
-    to_remove, unverified = shm.removable(planned)
-    if unverified:
-        out["unverified"] = [e["path"] for e in unverified]
-        fix = ("Run the task with become: true." if os.geteuid() != 0 else
-               "Even root may not read them (a hardened /proc, an LSM, or processes of a parent "
-               "user namespace); clean these files by hand after checking them.")
-        module.warn("Not removing %d file(s) of %s in %s: %d process(es) could not be inspected "
-                    "(PIDs %s), so nothing proves the files unused. %s"
-                    % (len(unverified), user, p["shm_dir"], len(planned["uninspectable"]),
-                       ", ".join(map(str, planned["uninspectable"][:10])), fix))
-    for entry in planned["in_use"]:
-        module.warn("Kept %s: still in use by %s" % (entry["path"], "; ".join(
-            "PID %d (%s, %s: %s)" % (h["pid"], "/".join(h["via"]), h["user"], h["cmdline"])
-            for h in entry["holders"])))
-    diff = None
-    if module._diff:
-        before = sorted([e["path"] for e in planned["remove"]] +
-                        [e["path"] for e in planned["in_use"]])
-        removing = {e["path"] for e in to_remove}
-        diff = {"before_header": "%s (files of %s matching %s)" % (p["shm_dir"], user,
-                                                                   " ".join(patterns)),
-                "after_header": "%s (files of %s matching %s)" % (p["shm_dir"], user,
-                                                                  " ".join(patterns)),
-                "before": "".join(x + "\n" for x in before),
-                "after": "".join(x + "\n" for x in before if x not in removing)}
-    if module.check_mode:
-        out["removed"] = shm.public(to_remove)
-    else:
-        removed, errors = shm.apply(to_remove, p["shm_dir"])
-        by_path = {e["path"]: e for e in to_remove}
-        out["removed"] = shm.public([by_path[r["path"]] for r in removed])
-        if errors:
-            out["bytes_freed"] = sum(r["size"] for r in out["removed"])
-            module.fail_json(
-                msg="Removing /dev/shm leftovers of %s failed for %d file(s): %s. Fix: check the "
-                    "files' owner and that the task runs with become: true; removed %d other(s)."
-                    % (user, len(errors), "; ".join("%s: %s" % (e["path"], e["reason"])
-                                                    for e in errors), len(removed)),
-                changed=bool(removed), shm=out)
-    out["bytes_freed"] = sum(r["size"] for r in out["removed"])
-    return out, diff
+    planned = shm.plan(p["shm_dir"], uid, shm.with_defaults(p["shm_patterns"]))
+    if planned["uninspectable"] and planned["remove"]:
+        module.warn("%d process(es) could not be inspected (PIDs %s): the %d /dev/shm segment(s) "
+                    "of %s listed in stale_shm are not proven unused. Run the task with become: "
+                    "true." % (len(planned["uninspectable"]),
+                               ", ".join(map(str, planned["uninspectable"][:10])),
+                               len(planned["remove"]), user))
+    return shm.public(planned["remove"]), user
 
 
-def summary(res, shm_out, check_mode):
+def summary(res, stale, user):
     if res["available"] and res["gpus"]:
         names = sorted({g["name"] for g in res["gpus"] if g.get("name")})
         text = "%d GPU(s) %s (%s)" % (len(res["gpus"]), "ready" if res["ready"] else "not ready",
@@ -441,17 +365,15 @@ def summary(res, shm_out, check_mode):
             text += " after %d polls in %.1f s" % (res["polls"], res["waited"])
     else:
         text = "No GPUs: %s" % res["reason"]
-    if shm_out is not None:
-        text += "; /dev/shm: %d leftover(s) %s (%s), %d in use kept" % (
-            len(shm_out["removed"]), "would be removed" if check_mode else "removed", gpu_ready.gib(shm_out["bytes_freed"]),
-            len(shm_out["in_use"]))
+    if stale:
+        text += ("; %d stale /dev/shm segment(s) of %s (%s) left in place (modelswap.vllm.shm_cleanup "
+                 "removes them)" % (len(stale), user, gpu_ready.gib(sum(e["size"] for e in stale))))
     return text
 
 
 def main():
     module = AnsibleModule(
         argument_spec=argument_spec(),
-        required_if=[("shm_cleanup", True, ["service_user"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -467,7 +389,7 @@ def main():
             min_driver_version=p["min_driver_version"],
             min_compute_capability=p["min_compute_capability"], devices=p["devices"],
             wait_timeout=p["wait_timeout"], poll_interval=p["poll_interval"])
-        if p["shm_cleanup"]:
+        if p["service_user"] is not None:
             shm.validate_dir(p["shm_dir"])
             shm.validate_patterns(p["shm_patterns"])
             shm.resolve_user(p["service_user"])
@@ -512,21 +434,17 @@ def main():
     for gpu in result["gpus"]:
         for proc in gpu.get("processes") or []:
             proc.pop("comm", None)
+    stale, user = None, None
+    if p["service_user"] is not None:
+        try:
+            stale, user = stale_shm(module, p)
+        except shm.ShmError as exc:
+            module.fail_json(msg=str(exc), **result)
+        result["stale_shm"] = stale
     if not res["ready"] and p["fail_when_not_ready"]:
         module.fail_json(msg=gpu_ready.failure_message(res["problems"], res["waited"], res["timed_out"]),
                          **result)
-
-    shm_out = None
-    if p["shm_cleanup"]:
-        try:
-            shm_out, diff = clean_shm(module, p)
-        except shm.ShmError as exc:
-            module.fail_json(msg=str(exc), **result)
-        result["shm"] = shm_out
-        result["changed"] = bool(shm_out["removed"])
-        if diff is not None:
-            result["diff"] = diff
-    result["msg"] = summary(res, shm_out, module.check_mode)
+    result["msg"] = summary(res, stale, user)
     module.exit_json(**result)
 
 

@@ -1,10 +1,11 @@
-"""gpu_ready's /dev/shm cleanup on a real lab host, over SSH, through a playbook.
+"""gpu_ready's stale /dev/shm report and shm_cleanup on a real lab host, over SSH, through a playbook.
 
 On the host: a dedicated service user, files in the real /dev/shm (its tmpfs) named like NCCL,
 torch and vLLM leftovers, a process of that user holding one open, another mapping one (fd
-closed), and a file of another user. Check mode must remove nothing; the real run removes only
-the service user's unused files; a second run changes nothing. The lab hosts have no NVIDIA
-driver, so the module must also say `gpus: []` with the reason.
+closed), and a file of another user. gpu_ready only lists the unused ones (stale_shm) and changes
+nothing; shm_cleanup's check mode removes nothing; its real run removes only the service user's
+unused files; a second run changes nothing. The lab hosts have no NVIDIA driver, so gpu_ready
+must also say `gpus: []` with the reason.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.lab
 
 PLAYBOOK = Path(__file__).parent / "playbooks" / "gpu_ready_shm.yml"
 USER = "msl-shmtest"
-TASK = "Check GPU readiness and clean /dev/shm leftovers"
+REPORT = "Check GPU readiness and report stale /dev/shm segments"
+TASK = "Remove the stale /dev/shm segments"
 
 HOLD_OPEN = "import sys, time; fh = open(sys.argv[1], 'rb'); time.sleep(float(sys.argv[2]))"
 HOLD_MAP = (
@@ -35,14 +37,14 @@ HOLD_MAP = (
 )
 
 
-def module_result(run):
-    """The gpu_ready task's result from the playbook's ansible-runner events."""
+def module_result(run, task=TASK):
+    """A task's result (the shm_cleanup task's by default) from the playbook's ansible-runner events."""
     for event in run.events:
         data = event.get("event_data", {})
-        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("task") == TASK:
+        if event.get("event") in ("runner_on_ok", "runner_on_failed") and data.get("task") == task:
             return data["res"]
     raise AssertionError("no result for task %r in the run (rc=%s):\n%s"
-                         % (TASK, run.rc, run.stdout[-4000:]))
+                         % (task, run.rc, run.stdout[-4000:]))
 
 
 def listing(lab, host, tag):
@@ -86,36 +88,45 @@ def test_shm_cleanup_on_a_lab_host(lab):
         extra = {"gpu_ready_test_hosts": host, "gpu_ready_test_user": USER,
                  "gpu_ready_test_patterns": ["sem.loky-*"]}
 
-        # Check mode: lists what would go, removes nothing.
+        # Check mode: gpu_ready lists the stale files, shm_cleanup what would go; nothing is removed.
         check = lab.playbook(str(PLAYBOOK), extra, check=True, diff=True, limit=host)
         assert check.rc == 0, check.stdout[-4000:]
+        report = module_result(check, REPORT)
+        assert report["changed"] is False
+        assert sorted(Path(r["path"]).name for r in report["stale_shm"]) == sorted(unused)
         res = module_result(check)
         assert res["changed"] is True
-        would = sorted(Path(r["path"]).name for r in res["shm"]["removed"])
+        would = sorted(Path(r["path"]).name for r in res["removed"])
         assert would == sorted(unused)
+        assert res["bytes_freed"] == 4096 * len(unused)
         assert listing(lab, host, tag) == everything
 
         # The lab host has no NVIDIA driver: no GPUs, with the reason, and not an error.
-        assert res["gpus"] == [] and res["nvml"]["available"] is False
-        assert "NVML not available" in res["nvml"]["reason"]
+        assert report["gpus"] == [] and report["nvml"]["available"] is False
+        assert "NVML not available" in report["nvml"]["reason"]
 
-        # The real run removes exactly the unused files of the service user.
+        # The real run: gpu_ready still removes nothing, shm_cleanup exactly the unused files of
+        # the service user.
         real = lab.playbook(str(PLAYBOOK), extra, diff=True, limit=host)
         assert real.rc == 0, real.stdout[-4000:]
+        report = module_result(real, REPORT)
+        assert report["changed"] is False
+        assert sorted(Path(r["path"]).name for r in report["stale_shm"]) == sorted(unused)
         res = module_result(real)
         assert res["changed"] is True
-        assert sorted(Path(r["path"]).name for r in res["shm"]["removed"]) == sorted(unused)
+        assert sorted(Path(r["path"]).name for r in res["removed"]) == sorted(unused)
         assert listing(lab, host, tag) == sorted([held, mapped, theirs])
-        in_use = {Path(e["path"]).name: e["holders"] for e in res["shm"]["in_use"]}
+        in_use = {Path(e["path"]).name: e["holders"] for e in res["in_use"]}
         assert sorted(in_use) == sorted([held, mapped])
         assert "fd" in in_use[held][0]["via"] and in_use[held][0]["user"] == USER
         assert in_use[mapped][0]["via"] == ["mmap"] and in_use[mapped][0]["user"] == USER
-        assert [Path(e["path"]).name for e in res["shm"]["other_owner"]] == [theirs]
-        assert res["shm"]["unverified"] == []
+        assert [Path(e["path"]).name for e in res["other_owner"]] == [theirs]
+        assert res["unverified"] == [] and res["refused"] == []
 
         # Nothing left to do.
         again = lab.playbook(str(PLAYBOOK), extra, limit=host)
         assert again.rc == 0
+        assert module_result(again, REPORT)["stale_shm"] == []
         assert module_result(again)["changed"] is False
         assert listing(lab, host, tag) == sorted([held, mapped, theirs])
     finally:

@@ -4,21 +4,30 @@
 vLLM, NCCL and torch leave files in /dev/shm (`nccl-*`, `psm_*`, `sem.mp-*`, `vllm_*`) when their
 processes die hard; they fill the tmpfs and confuse the next start. On a shared host only the
 service user's files that no live process holds open or maps may go. This module plans that
-(pure: directory listing + /proc scan) and applies the plan with a re-check before each unlink.
+(pure: directory listing + /proc scan), checks that every planned removal can succeed before
+the first one (refusals), and applies the plan with a re-check before each unlink. The
+shm_cleanup module removes; gpu_ready only reports (the same plan, nothing applied).
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import fnmatch
 import os
 import pwd
 import stat
+import struct
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import procfs
 
 SHM_DIR = "/dev/shm"
 DEFAULT_PATTERNS = ("nccl-*", "psm_*", "sem.mp-*", "vllm_*")
 WILDCARDS = set("*?[]!")
+# FS_IOC_GETFLAGS, _IOR('f', 1, long) in the generic Linux ioctl encoding, and the inode flags
+# that make unlink(2) fail with EPERM even for root (chattr +i, chattr +a).
+FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+FS_IMMUTABLE_FL = 0x10
+FS_APPEND_FL = 0x20
 
 
 class ShmError(Exception):
@@ -92,6 +101,11 @@ def resolve_user(user):
                        "(no passwd entry). Fix: create the account first or name the user that "
                        "runs the service." % user)
     return entry.pw_uid, entry.pw_name
+
+
+def with_defaults(extra):
+    """The patterns a run uses: DEFAULT_PATTERNS, then the `extra` ones not among them."""
+    return list(DEFAULT_PATTERNS) + [x for x in extra if x not in DEFAULT_PATTERNS]
 
 
 def _match(name, patterns):
@@ -176,6 +190,101 @@ def removable(planned):
     if planned["uninspectable"]:
         return [], list(planned["remove"])
     return list(planned["remove"]), []
+
+
+def _inode_flags(fd):
+    """The inode flags of an open file (0 when the file system does not say)."""
+    buf = bytearray(struct.calcsize("l"))
+    try:
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf, True)
+    except OSError:
+        return 0
+    return struct.unpack_from("i", bytes(buf))[0]
+
+
+def _flag_problem(flags):
+    if flags & FS_IMMUTABLE_FL:
+        return "immutable (chattr +i)"
+    if flags & FS_APPEND_FL:
+        return "append-only (chattr +a)"
+    return None
+
+
+def _file_flags(name, dir_fd, entry):
+    """The inode flags of the planned file `name`, or 0 when it cannot be opened as that file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (entry["dev"], entry["ino"]):
+            return 0
+        return _inode_flags(fd)
+    finally:
+        os.close(fd)
+
+
+def refusals(planned, shm_dir, euid=None):
+    """Check, before anything is removed, that every planned file can be removed.
+
+    Predicts the refusals unlink(2) would give - a read-only mount, a directory the caller cannot
+    write, the sticky bit of a directory such as /dev/shm (only the file's or the directory's
+    owner or root may remove an entry), an immutable or append-only directory or file - and
+    re-checks that each file is still the planned one (same inode and owner, a regular file).
+    Returns (ready, refused): ready = the planned entries that can go, refused = [{path,
+    reason}]; files already gone are in neither. The caller removes nothing when refused is not
+    empty, so one refusal leaves every file in place.
+    """
+    if not planned:
+        return [], []
+    euid = os.geteuid() if euid is None else euid
+    try:
+        dir_fd = os.open(shm_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ShmError("Cannot clean shared memory: cannot open %s: %s. Fix: check that the "
+                       "directory exists and the module runs as root (become: true)."
+                       % (shm_dir, exc.strerror or exc))
+    ready, refused = [], []
+    try:
+        dst = os.fstat(dir_fd)
+        whole = None
+        flag = _flag_problem(_inode_flags(dir_fd))
+        if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
+            whole = "%s is on a read-only file system" % shm_dir
+        elif flag:
+            whole = "%s is %s" % (shm_dir, flag)
+        elif not os.access(shm_dir, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+            whole = "%s is not writable by uid %d (mode %04o, owner %s)" % (
+                shm_dir, euid, stat.S_IMODE(dst.st_mode), procfs.user_name(dst.st_uid))
+        for entry in planned:
+            name = entry["name"]
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone already: nothing to do
+            except OSError as exc:
+                refused.append({"path": entry["path"], "reason": "cannot stat: %s" % (exc.strerror or exc)})
+                continue
+            if (st.st_dev, st.st_ino, st.st_uid) != (entry["dev"], entry["ino"], entry["uid"]) \
+                    or not stat.S_ISREG(st.st_mode):
+                reason = "changed since it was checked (replaced or re-owned)"
+            elif whole:
+                reason = whole
+            elif dst.st_mode & stat.S_ISVTX and euid not in (0, st.st_uid, dst.st_uid):
+                reason = ("%s has the sticky bit and the file belongs to %s: only its owner, the "
+                          "directory's owner or root may remove it" % (shm_dir, entry["owner"]))
+            else:
+                flag = _flag_problem(_file_flags(name, dir_fd, entry))
+                reason = "the file is %s" % flag if flag else None
+            if reason:
+                refused.append({"path": entry["path"], "reason": reason})
+            else:
+                ready.append(entry)
+    finally:
+        os.close(dir_fd)
+    return ready, refused
 
 
 def apply(planned, shm_dir):
