@@ -19,7 +19,7 @@ options:
     type: path
   models:
     description:
-      - The model catalog (C(modelswap_models)), name to C({repo_id, revision, allow_patterns,
+      - The model catalog, name to C({repo_id, revision, allow_patterns,
         ignore_patterns, ...}). Catalog names in the other options are looked up in it.
     type: dict
     default: {}

@@ -169,7 +169,7 @@ options:
       - CPUs the load processes may run on (through C(taskset)), for example C([1]). Leave it empty for any CPU.
       - On a load generator that shares its cores with the server under test (a lab, a single box),
         give the client cores of its own, so that its event loop is not delayed by the server and
-        its steps stay valid; the server is pinned elsewhere (for vLLM, C(vllm_service_cpu_affinity)).
+        its steps stay valid; pin the server to other cores (this option places only the load processes).
     type: list
     elements: int
     default: []

@@ -103,7 +103,7 @@ attributes:
     details:
       - The record before and after, as JSON.
 seealso:
-  - module: modelswap.vllm.vllm_service_facts
+  - module: modelswap.vllm.vllm_service_info
 author:
   - modelswap engineers (@modelswap)
 """

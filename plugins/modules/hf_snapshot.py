@@ -55,8 +55,8 @@ options:
     default: main
   resolved_commit:
     description:
-      - The commit O(revision) was already resolved to (disk_plan's C(target.commit), which the
-        migrate role passes through C(model_fetch_resolved_commit)). The module then sends no request to
+      - The commit O(revision) was already resolved to (for example the C(target.commit) that
+        M(modelswap.vllm.disk_plan) returns). The module then sends no request to
         resolve it again, and takes the commit's file list from huggingface_hub's tree cache when that
         holds it. The manifest and the result still name O(revision).
       - 40 lowercase hex digits, else the module fails before any request; when O(revision) is itself a
@@ -197,8 +197,8 @@ options:
     type: str
   store:
     description:
-      - The id of a model store that several hosts mount (NFS, Lustre, a shared SSD; the inventory's
-        C(modelswap_store)), or empty. The manifest records it, and its cheap check (one C(stat) per
+      - The id of a model store that several hosts mount (NFS, Lustre, a shared SSD; the same id on
+        every host that mounts it), or empty. The manifest records it, and its cheap check (one C(stat) per
         file) then ignores the device number, which differs between the hosts that mount one export.
     type: str
     default: ""
@@ -220,7 +220,7 @@ requirements:
   - huggingface_hub >= 1.0 (2.x tested) in the Python that runs the module, on the managed host.
 notes:
   - Run the task with C(ansible_python_interpreter) set to a Python that has huggingface_hub (on serving
-    hosts, the vLLM virtualenv's); the model_fetch role's C(model_fetch_python) does that.
+    hosts, the vLLM virtualenv's, as in the examples); without it the module fails and names the library.
   - A killed run leaves partial files that no later run of huggingface_hub reuses; the next hf_snapshot run
     deletes them under the repository lock and fetches those files again (completed files are kept).
   - Within one run, a dropped connection resumes from the last whole 1 MiB chunk received (the module sets

@@ -24,7 +24,7 @@ description:
     when O(break_lease) names that run's id (the operator says that run is dead); a takeover is
     reported as a warning naming the run whose lease was taken. Otherwise the task fails, naming
     the holder (run id, controller, user, PID, since when, until when) and the fix
-    (C(-e modelswap_break_lease=<its run id>)), and nothing was changed.
+    (if that run is dead, run again with O(break_lease) set to its run id), and nothing was changed.
   - A value of O(break_lease) that does not name the run holding the lease is refused, even when
     that lease has expired - the wrong lease is never broken; the message names the real holder.
   - O(state=released) gives the lease back when this run holds it. Another run's lease, or no
@@ -86,8 +86,7 @@ options:
   break_lease:
     description:
       - The run id of a live lease to take over - that run is dead (its controller crashed or was
-        killed). It must name the run that holds the lease; any other value is refused. The
-        migrate role passes C(modelswap_break_lease) here.
+        killed). It must name the run that holds the lease; any other value is refused.
     type: str
     default: ""
   purpose:

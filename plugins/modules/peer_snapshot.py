@@ -194,8 +194,8 @@ options:
   use_xet:
     description:
       - Whether this host's cache takes the Xet layout - a copied blob with a C(xet_hash) goes into the
-        cache's shared Xet store, as a download through hf_xet would put it (the role passes
-        C(model_fetch_use_xet)). Without it copies stay regular repository blobs, as plain HTTP downloads.
+        cache's shared Xet store, as a download through hf_xet would put it. Without it copies stay
+        regular repository blobs, as plain HTTP downloads.
     type: bool
     default: true
   record:

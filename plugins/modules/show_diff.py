@@ -36,7 +36,7 @@ attributes:
     support: full
 seealso:
   - module: modelswap.vllm.service_files
-  - module: modelswap.vllm.migrate_facts
+  - module: modelswap.vllm.migrate_info
 author:
   - modelswap engineers (@modelswap)
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: vllm_service_facts
+module: vllm_service_info
 short_description: Read what a vLLM serving host has and serves, before changing it
 version_added: "0.1.0"
 description:
@@ -62,7 +62,8 @@ options:
         type: str
         required: true
       revision:
-        description: The pinned commit (40 hex), or a branch or tag that model_fetch resolved.
+        description: The pinned commit (40 hex), or a branch or tag whose commit the deployment record
+          notes under C(fetched.<name>) (as M(modelswap.vllm.hf_snapshot) writes it).
         type: str
         default: main
   snapshot_path:
@@ -107,7 +108,7 @@ author:
 
 EXAMPLES = r"""
 - name: Read the serving host's state and check the requested model
-  modelswap.vllm.vllm_service_facts:
+  modelswap.vllm.vllm_service_info:
     unit: vllm.service
     port: 8000
     model:

@@ -6,13 +6,17 @@ EXAMPLES task that calls a `modelswap.vllm.*` module by FQCN passes only documen
 declares to AnsibleModule (required_one_of, mutually_exclusive, required_together, required_if;
 judged only where the example's values are literals, not templates); `ansible-doc` renders it;
 its header carries the Apache-2.0 licence and the sanity ignore file explains its missing GPLv3
-header.
+header. A module's DOCUMENTATION and RETURN, and the collection's documentation fragments, speak
+of the module only: no role variable (a word that starts with a role's name and ``_``, or with
+``modelswap_``) is named there; the module's own options and return values and the collection's
+plugin names that share such a prefix (benchmark_run, migrate_info...) are not variables.
 """
 from __future__ import annotations
 
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 from functools import lru_cache
@@ -30,6 +34,14 @@ MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if 
 FQCN = "modelswap.vllm."
 GROUPS = ("required_one_of", "mutually_exclusive", "required_together", "required_if")
 SANITY_IGNORE = REPO / "tests" / "sanity" / "ignore-2.19.txt"
+FRAGMENTS = sorted(p.stem for p in (REPO / "plugins" / "doc_fragments").glob("*.py") if not p.name.startswith("_"))
+# Role variables are named after their role (roles/<role>/, e.g. model_fetch_resolved_commit) or
+# shared by every role (modelswap_models); a path (/var/lib/modelswap_x) or a word inside another is not one.
+ROLE_PREFIXES = tuple(sorted(p.name + "_" for p in (REPO / "roles").iterdir() if p.is_dir())) + ("modelswap_",)
+ROLE_VARIABLE = re.compile(r"(?<![\w/-])(?:%s)\w+" % "|".join(map(re.escape, ROLE_PREFIXES)))
+# The collection's own names that share a prefix: modules (benchmark_run, modelswap_info, migrate_info,
+# vllm_service_info), module_utils, doc fragments, filters.
+PLUGIN_NAMES = frozenset(p.stem for p in (REPO / "plugins").rglob("*.py"))
 
 
 @lru_cache(maxsize=None)
@@ -219,14 +231,83 @@ def test_licence_header_and_sanity_ignore(name):
     fail(name, problems)
 
 
+def fragment_blocks(name: str) -> dict:
+    """A documentation fragment's YAML strings by attribute (DOCUMENTATION and its variants)."""
+    tree = ast.parse((REPO / "plugins" / "doc_fragments" / f"{name}.py").read_text())
+    return {f"{cls.name}.{node.targets[0].id}": ast.literal_eval(node.value)
+            for cls in tree.body if isinstance(cls, ast.ClassDef)
+            for node in cls.body if isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)}
+
+
+def _strings_and_keys(value, texts: list, keys: set) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            keys.add(str(key))
+            _strings_and_keys(item, texts, keys)
+    elif isinstance(value, list):
+        for item in value:
+            _strings_and_keys(item, texts, keys)
+    elif isinstance(value, str):
+        texts.append(value)
+
+
+def role_variables(blocks: dict) -> list[str]:
+    """Each role variable the blocks' text names ('BLOCK names WORD: ...context...'). The blocks' own
+    keys (options, suboptions, return values, sample keys) and the collection's plugin names are not
+    role variables."""
+    found = []
+    for var, text in blocks.items():
+        texts, keys = [], set()
+        _strings_and_keys(yaml.safe_load(text), texts, keys)
+        for string in texts:
+            for match in ROLE_VARIABLE.finditer(string):
+                if match.group(0) not in keys and match.group(0) not in PLUGIN_NAMES:
+                    context = " ".join(string[max(0, match.start() - 50):match.end() + 30].split())
+                    found.append(f"{var} names {match.group(0)!r}: ...{context}...")
+    return found
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documentation_and_return_speak_of_the_module_only(name):
+    """A module's page describes its options and results, not a role's variables: a role passes the
+    module its values, and the role's README says which variable becomes which option."""
+    blocks = {var: text for var, text in parsed(name)[0].items() if var in ("DOCUMENTATION", "RETURN")}
+    fail(name, role_variables(blocks))
+
+
+@pytest.mark.parametrize("name", FRAGMENTS)
+def test_documentation_fragments_speak_of_the_modules_only(name):
+    fail(f"doc fragment {name}", role_variables(fragment_blocks(name)))
+
+
+def test_role_variable_checker():
+    """The rule itself: every role's prefix and modelswap_ are caught; the document's own keys, the
+    collection's plugin names, FQCNs and paths are not."""
+    assert {"model_fetch_", "vllm_service_", "migrate_", "modelswap_"} <= set(ROLE_PREFIXES)
+    documentation = """
+module: migrate_info
+description:
+  - The commit C(model_fetch_resolved_commit) holds, or C(-e modelswap_break_lease=<id>).
+  - Reads as M(modelswap.vllm.vllm_service_info) and benchmark_run do, under /var/lib/modelswap_x.
+options:
+  migrate_run_id: {description: See O(migrate_run_id); the role's vllm_service_cpu_affinity., type: str}
+"""
+    assert [line.split(":")[0] for line in role_variables({"DOCUMENTATION": documentation})] == [
+        "DOCUMENTATION names 'model_fetch_resolved_commit'", "DOCUMENTATION names 'modelswap_break_lease'",
+        "DOCUMENTATION names 'vllm_service_cpu_affinity'"]
+    assert role_variables({"RETURN": "lb_pool_state: {description: The pool., sample: {modelswap_x: 1}}"}) == []
+
+
 @pytest.mark.parametrize("module, args, expected", [
     ("model_purge", {"cache_dir": "/c", "items": ["a"]}, []),
     ("model_purge", {"cache_dir": "/c", "bogus": 1}, ["option 'bogus' is not documented for modelswap.vllm.model_purge"]),
     ("model_purge", {"cache_dir": "/c", "missing": "explode"}, ["option missing='explode' is not one of ['ignore', 'fail']"]),
     ("model_purge", {"cache_dir": "/c", "missing": "{{ how }}"}, []),
     ("model_purge", {"items": ["a"]}, ["needs one of ['cache_dir', 'models_dir'] (required_one_of)"]),
-    ("gpu_ready", {"shm_cleanup": True}, ["shm_cleanup=True requires ['service_user'] (required_if)"]),
-    ("gpu_ready", {"shm_cleanup": "{{ clean }}"}, []),
+    ("vllm_ready", {"port": 8000, "state": "stopped"}, ["state='stopped' requires ['unit'] (required_if)"]),
+    ("vllm_ready", {"port": 8000, "state": "{{ how }}"}, []),
     ("no_such_module", {}, ["calls modelswap.vllm.no_such_module, which is not a module of this collection"]),
 ], ids=["ok", "unknown-option", "bad-choice", "templated-choice", "required-one-of", "required-if",
         "templated-required-if", "unknown-module"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: migrate_facts
+module: migrate_info
 short_description: Read everything a migration's plan needs from one host, in one call
 version_added: "0.2.0"
 description:
@@ -35,7 +35,7 @@ options:
     type: dict
     required: true
   service:
-    description: The serving slot to read (options of M(modelswap.vllm.vllm_service_facts)).
+    description: The serving slot to read (options of M(modelswap.vllm.vllm_service_info)).
     type: dict
     required: true
     suboptions:
@@ -83,7 +83,7 @@ options:
     required: true
     suboptions:
       target: {description: Catalog name of the model to plan for (protected from purging)., type: str}
-      models: {description: The model catalog (C(modelswap_models))., type: dict, default: {}}
+      models: {description: "The model catalog, name to C({repo_id, revision, ...}), as M(modelswap.vllm.disk_plan) takes it.", type: dict, default: {}}
       cache_dir: {description: The Hugging Face hub cache of the store., type: path}
       models_dir: {description: A folder of plain model directories., type: path}
       keep: {description: Catalog names never to purge., type: list, elements: str, default: []}
@@ -103,7 +103,7 @@ options:
     type: dict
     default: {}
     suboptions:
-      allowed: {description: Purging is allowed (model_purge_allowed)., type: bool, default: true}
+      allowed: {description: Purging is allowed; when false RV(purge) is null., type: bool, default: true}
       all_listed: {description: Delete every candidate instead of the shortest prefix that fits., type: bool, default: false}
       clean_orphans: {description: Reclaim orphaned partial downloads and stale locks., type: bool, default: true}
   fetch:
@@ -111,7 +111,7 @@ options:
     type: dict
     default: {}
     suboptions:
-      local_dir: {description: A plain folder instead of the cache (model_fetch_local_dir)., type: path}
+      local_dir: {description: A plain folder the download would store the target in instead of the cache., type: path}
       verify: {description: The verification the download would do., type: str, choices: [full, size], default: full}
 author:
   - modelswap engineers (@modelswap)
@@ -119,7 +119,7 @@ author:
 
 EXAMPLES = r"""
 - name: Read the host for the migration to the target the controller listed
-  modelswap.vllm.migrate_facts:
+  modelswap.vllm.migrate_info:
     listing: "{{ target_listing.listing }}"
     service: {unit: vllm.service, port: 8000, cache_dir: /var/lib/modelswap/hf/hub}
     install: {venv: /opt/modelswap/venvs/vllm-0.32.0, expected: {version: 0.32.0}}
@@ -129,7 +129,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 service:
-  description: What M(modelswap.vllm.vllm_service_facts) returns for the slot and the target.
+  description: What M(modelswap.vllm.vllm_service_info) returns for the slot and the target.
   returned: success
   type: dict
 install:
