@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0
-"""Everything a migration's plan needs from one host, read in one call (migrate_facts).
+"""Everything a migration's plan needs from one host, read in one call (the module migrate_info).
 
 A fleet's controller pays tens of milliseconds of CPU per task per host, so the migrate role asks
 each host once for: what it serves (deployment record, unit, port, the replaced units), what is
@@ -8,7 +8,7 @@ installed (the fingerprint the install step writes, else the virtualenv's own an
 the unit and its environment files are the ones the controller would render (checksums; the API
 key file only as a yes/no), the disk plan and what the download would fetch (from the listing
 the controller made once for the fleet, so the host asks the Hub nothing). The module is a
-shell around ``gather``; every piece is the logic its own module uses (vllm_service_facts,
+shell around ``gather``; every piece is the logic its own module uses (vllm_service_info,
 disk_plan, hf_snapshot), so the preview and the steps agree.
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_i
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_purge
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
 
-ACTION = "migrate_facts"
+# The module that reports this read (plugins/modules/migrate_info.py): its errors name it.
+ACTION = "migrate_info"
 # Written by the vllm_service role's install step into the virtualenv once vLLM is proved there.
 FINGERPRINT_NAME = "modelswap-install.json"
 

@@ -20,8 +20,8 @@ same answer, so the run does what the preview said unless something fails, and t
 deviates. Sources are taken in the hosts' order (the play's order), never in the order they became
 verified, so a re-plan after a round agrees with the simulation of that round.
 
-Pure stdlib, no I/O: unit-tested directly (tests/unit/test_peer_plan.py), and called on the
-controller by the filter modelswap.vllm.peer_plan.
+Pure stdlib, no I/O: unit-tested directly (tests/unit/plugins/module_utils/fleet/test_peer_plan.py),
+and called on the controller by the filter modelswap.vllm.peer_plan.
 """
 from __future__ import annotations
 
