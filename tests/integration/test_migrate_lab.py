@@ -39,9 +39,14 @@ def load(lab, key) -> LoadRun:
 # Tasks the preview runs per host (ok + skipped). Measured on the lab: 165-171 before the fleet
 # redesign (2026-12-04), 18-19 after it (2026-12-05: one read, the plan, one diff task); 18 on
 # gpu2 and 25 on gpu1 with the host's lease read and the run named by the hosts' play when --limit
-# leaves localhost out (2026-12-05: the first host also runs the play's run_once tasks). Lower it
-# when a change removes tasks; raise it only with the reason in the commit.
-PREVIEW_TASKS_PER_HOST = 26
+# leaves localhost out (2026-12-05: the first host also runs the play's run_once tasks). 2026-12-06:
+# 21 per host, since the migration asks vllm_service for its slot through two entry points
+# (layout, expected: one set_fact each) instead of reading its private variables, and 11 more on
+# the first host, which runs the play's run_once tasks (the pool read through lb_pool's pool entry
+# point is four of them). Lower them when a change removes tasks; raise them only with the reason
+# in the commit.
+PREVIEW_TASKS_PER_HOST = 21
+PREVIEW_TASKS_ONCE = 11
 
 
 def served(lab, host: str, key: str) -> list[str] | None:
@@ -127,7 +132,10 @@ def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
     # fleet's preview cost shows here first (issue 16 measures the cost in bench_preview_scaling.py).
     tasks = out["run"]["tasks_per_host"]
     print("preview tasks per host:", tasks)
-    assert all(0 < tasks[h] <= PREVIEW_TASKS_PER_HOST for h in HOSTS), tasks
+    # one host (the play's first) also runs the play's run_once tasks
+    assert all(0 < tasks[h] for h in HOSTS), tasks
+    assert min(tasks[h] for h in HOSTS) <= PREVIEW_TASKS_PER_HOST, tasks
+    assert max(tasks[h] for h in HOSTS) <= PREVIEW_TASKS_PER_HOST + PREVIEW_TASKS_ONCE, tasks
 
 
 def step_results(lab, story, serve: str) -> dict:
@@ -171,9 +179,9 @@ def test_2a_the_previews_plan_is_the_steps_own_in_every_number(lab, story):
         pool = {s["step"]: s for s in previewed}["swap"].get("pool")
         if pool:
             r["service"] = dict(r["service"], pool={"line": pool})
-        steps = migrate_plan("tiny-b", r["plan"], r["purge"], r["fetch"], r["service"],
-                             {"enabled": True, "concurrency": [1, 4]}, None, 0.0,
-                             dict(r["install"], enabled=True))["steps"]
+        steps = migrate_plan({"target": "tiny-b", "disk": r["plan"], "purge": r["purge"], "fetch": r["fetch"],
+                              "service": r["service"], "benchmark": {"enabled": True, "concurrency": [1, 4]},
+                              "download_rate": 0.0, "install": dict(r["install"], enabled=True)})["steps"]
         assert [s["step"] for s in steps] == [s["step"] for s in previewed]
         for theirs, ours in zip(steps, previewed):
             if theirs["step"] == "preflight":

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.integration import vllm_lab as V
-from tests.unit.test_bad_inputs_serving import MARKER, ROLE_ROWS
+from tests.unit.roles.test_bad_inputs_serving import MARKER, ROLE_ROWS
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 

@@ -19,7 +19,7 @@ fleet where nothing serves yet can be deployed). ``pool_result`` turns the view 
 results into the fact each entry point publishes, with a one-line message for the preview.
 
 Pure functions over plain values, used on the controller through plugins/filter/lb_pool.py and
-table-tested in tests/unit/test_lb_pool.py.
+table-tested in tests/unit/plugins/module_utils/serving/test_lb_pool.py.
 """
 from __future__ import annotations
 
@@ -181,9 +181,10 @@ def host_pool(lb_type, stats, backend: str, server: str, source: str = "the stat
     """One host's place in its pool, for the fleet table (fleet_status): ``{"type", "found",
     "status", "serving", "admin", "check", "label", "text"}``. ``label`` is the table's column
     (HAProxy's status without its "(via ...)" detail, "not in the pool", "unreadable" or "-"),
-    ``text`` the same with the reason. HAProxy: ``stats`` is the uri read of its stats page (or
-    the CSV), read once for every host. none, and the hooks (their state task file is not run
-    here): "-". Never raises: an unreadable pool is a state of the table."""
+    ``text`` the same with the reason. HAProxy: ``stats`` is the pool entry point's result
+    (lb_pool_result, read once for every host: its ``servers``), ``{"failed": true, "msg"}`` when
+    that read failed, or the uri read of the stats page (or the CSV). none, and the hooks (their
+    state task file is not run here): "-". Never raises: an unreadable pool is a state of the table."""
     lb_type = lb_type or "none"
     out = {"type": lb_type, "found": None, "status": None, "serving": None, "admin": None, "check": None,
            "label": "-", "text": "-"}
@@ -191,8 +192,11 @@ def host_pool(lb_type, stats, backend: str, server: str, source: str = "the stat
         return out
     if isinstance(stats, Mapping) and stats.get("skipped"):
         return dict(out, label="unreadable", text="unreadable: %s was not read (the task was skipped)" % source)
+    if isinstance(stats, Mapping) and stats.get("failed"):
+        return dict(out, label="unreadable", text="unreadable: %s" % str(stats.get("msg") or "the pool could not be read").strip())
     try:
-        servers = haproxy_servers(stats, backend, source)
+        servers = (list(stats["servers"]) if isinstance(stats, Mapping) and stats.get("action") == "pool"
+                   else haproxy_servers(stats, backend, source))
     except PoolError as exc:
         return dict(out, label="unreadable", text="unreadable: %s" % exc)
     view = pool_view(servers, server, pool=backend)
@@ -252,8 +256,9 @@ def pool_result(action: str, view: dict, *, check_mode: bool = False, now: float
         "check_mode": bool(check_mode),
         "changed": bool(changed) and not check_mode and action in ("drain", "rejoin") and lb_type != "none",
         "status_before": this.get("status"), "status_after": None,
-        "servers": [{k: s.get(k) for k in ("name", "status", "serving", "sessions")}
-                    for s in view.get("servers") or []],
+        # each server as read (a caller judges its own host against them: the migration's plan,
+        # the fleet table)
+        "servers": [dict(s) for s in view.get("servers") or []],
         "serving": view.get("serving"), "total": view.get("total"),
         "min_serving": view.get("min_serving"), "floor_ok": view.get("floor_ok"),
         "at": round(float(now), 3) if now else None, "message": "",

@@ -22,7 +22,8 @@ from tests.support.modules import REPO
 
 pytestmark = pytest.mark.unit
 
-ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+SHARED = "modelswap_defaults"  # the owner of the fleet-wide modelswap_* variables (no tasks)
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir() and p.name != SHARED)
 SHARED_PREFIX = "modelswap_"  # fleet-wide inputs every role may take (inventory-wide settings)
 NO_DEFAULT = object()
 
@@ -50,7 +51,8 @@ def effective_default(role, name):
     value = values[name]
     if not isinstance(value, str) or "{{" not in value and "{%" not in value:
         return value
-    context = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in values.items()}
+    # what the role sees: the shared owner's defaults (its meta dependency), then its own
+    context = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in {**defaults(SHARED), **values}.items()}
     try:
         return Templar(loader=DataLoader(), variables=context).template(trust_as_template(value))
     except AnsibleError:
@@ -137,3 +139,47 @@ def test_readme_documents_the_variables(role):
     missing = [name for name in defaults(role) if not re.search(rf"\b{re.escape(name)}\b", text)]
     report(role, [f"README.md neither refers to meta/argument_specs.yml (or `ansible-doc -t role "
                   f"modelswap.vllm.{role}`) nor mentions: {', '.join(missing)}"] if missing else [])
+
+
+def test_every_role_depends_on_the_shared_defaults():
+    problems = []
+    for role in ROLES:
+        meta = load_yaml(REPO / "roles" / role / "meta" / "main.yml") or {}
+        deps = [d.get("role") if isinstance(d, dict) else d for d in meta.get("dependencies") or []]
+        if f"modelswap.vllm.{SHARED}" not in deps:
+            problems.append(f"{role}: meta/main.yml does not depend on modelswap.vllm.{SHARED}")
+    report(SHARED, problems)
+
+
+def test_the_shared_defaults_are_documented_and_add_no_task():
+    values = defaults(SHARED)
+    specs = (load_yaml(REPO / "roles" / SHARED / "meta" / "argument_specs.yml") or {}).get("argument_specs") or {}
+    problems = [f"defaults/main.yml: {name} is not {SHARED_PREFIX}*" for name in values if not name.startswith(SHARED_PREFIX)]
+    # a `main` entry point would add a validation task to every play of every role
+    problems += ["meta/argument_specs.yml has a main entry point"] if "main" in specs else []
+    opts = (specs.get("variables") or {}).get("options") or {}
+    problems += [f"{name}: not documented in the `variables` entry point" for name in values if name not in opts]
+    problems += [f"{name}: spec default {opts[name].get('default')!r} != {values[name]!r}"
+                 for name in values if name in opts and opts[name].get("default") != values[name]]
+    problems += ["tasks/ exists: the shared defaults run nothing"] if (REPO / "roles" / SHARED / "tasks").exists() else []
+    report(SHARED, problems)
+
+
+SHARED_FILES = ("defaults/main.yml", "vars/main.yml", "tasks/*.yml", "templates/*.j2")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_shared_values_are_defined_once(role):
+    """The store's paths and the modelswap_* defaults live in the shared owner only: a role writes
+    `{{ modelswap_hf_cache }}`, never the path or `modelswap_x | default(...)` again (another
+    host's hostvars are the exception: role defaults are not in hostvars)."""
+    problems = []
+    for pattern in SHARED_FILES:
+        for path in sorted((REPO / "roles" / role).glob(pattern)):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                where = f"{path.relative_to(REPO / 'roles' / role)}:{n}"
+                if "/var/lib/modelswap" in line and not line.lstrip().startswith("#"):
+                    problems.append(f"{where}: names /var/lib/modelswap (use the modelswap_* path)")
+                for match in re.finditer(r"(?<![\w.])(modelswap_[a-z_]+)\s*\|\s*default\(", line):
+                    problems.append(f"{where}: {match.group(1)} | default(...) repeats the shared default")
+    report(role, problems)
