@@ -4,8 +4,9 @@
 server's /v1/models said, and where its record, service, server and pool disagree.
 
 The judges are lb_pool.host_pool and served_model.served_reading / status_problems (pure, in
-plugins/module_utils/serving/, table-tested in tests/unit/test_fleet_status.py); these filters only hand
-them what the role read. They never raise: what cannot be read is a state of the table.
+plugins/module_utils/serving/, table-tested in tests/unit/plugins/filter/test_fleet_status.py);
+these filters only hand them what the role read. They never raise: what cannot be read is a
+state of the table.
 """
 from __future__ import annotations
 

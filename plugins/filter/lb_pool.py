@@ -3,8 +3,9 @@
 """Filters of the lb_pool role: the pool as read (HAProxy's stats CSV or a state hook's list), the
 floor's verdict, and the result each entry point publishes.
 
-The logic lives in plugins/module_utils/serving/lb_pool.py (table-tested in tests/unit/test_lb_pool.py);
-these wrappers turn its errors into AnsibleFilterError, whose message the failed task shows.
+The logic lives in plugins/module_utils/serving/lb_pool.py (table-tested in
+tests/unit/plugins/module_utils/serving/test_lb_pool.py); these wrappers turn its errors into
+AnsibleFilterError, whose message the failed task shows.
 """
 from __future__ import annotations
 

@@ -21,9 +21,10 @@ cd "$dest"
 git init -q . && git add -A   # ansible-test lists targets from git
 if [ "${1:-}" = units ]; then
   shift
-  # the test files that import the lab's tooling (not shipped) are left out
-  # (directly, or through tests.support.bench_accuracy or test_benchmark_role's fixtures)
-  [ $# -gt 0 ] || set -- $(grep -L -E "tests[.](lab|support[.]bench_accuracy|unit[.]test_benchmark_role)|from tests[.]support import bench_accuracy" tests/unit/test_*.py)
+  # every test file under tests/unit (laid out like the code: plugins/..., roles/, the repository's
+  # own at the top), less the ones that import the lab's tooling (not shipped): directly, or through
+  # tests.support.bench_accuracy or the fixtures of tests/unit/roles/test_benchmark.py
+  [ $# -gt 0 ] || set -- $(grep -rL -E "tests[.](lab|support[.]bench_accuracy|unit[.]roles[.]test_benchmark\b)|from tests[.]support import bench_accuracy" --include="test_*.py" tests/unit | sort)
   exec "$bin/ansible-test" units --python 3.11 --color no "$@"
 fi
 # Without arguments: every sanity test of ansible-core, pylint included (shellcheck only where

@@ -1,7 +1,7 @@
 """Run the benchmark's locustfile against the known-timing simulator and compare what the client
 reported with the simulator's own record of when it wrote each chunk (the truth).
 
-Used by tests/unit/test_benchmark_accuracy.py and by hand:
+Used by tests/unit/roles/test_benchmark_accuracy.py and by hand:
     .venv/bin/python -m tests.support.bench_accuracy --concurrency 128 --chunk-ms 20 --chunks 64
 Both processes are children started and stopped by PID; the simulator is pinned to one core and
 the client to the other (on a 2-core machine), and each run is bounded in time.

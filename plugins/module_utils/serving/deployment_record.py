@@ -126,7 +126,7 @@ def options_problem(mode: str, saved_files, saved_dir) -> str:
 
 
 def facts_options_problem(unit: str, replaces, port, repo_id) -> str:
-    """Why vllm_service_facts' options are unusable (naming the option and the fix), or ''."""
+    """Why vllm_service_info's options are unusable (naming the option and the fix), or ''."""
     for option, name in [("unit", unit)] + [("replaces", n) for n in replaces]:
         if name and not _UNIT_RE.match(name):
             return ("%s %r is not a systemd unit name (letters, digits, ':', '_', '.', '@', '-', '\\'), "

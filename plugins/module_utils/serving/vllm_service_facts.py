@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: modelswap engineers; Apache-2.0
-"""What a vLLM serving host has and serves, read before anything changes (vllm_service_facts).
+"""What a vLLM serving host has and serves, read before anything changes (the module
+vllm_service_info).
 
 ``gather`` takes the module's option values and a ``HostCommands`` (systemctl, the virtualenv's
 python), reads the deployment record, the units, the port's listeners, the model's snapshot and
@@ -125,11 +126,11 @@ def gather(params: dict, commands, listeners_on=vllm_unit_state.port_listeners) 
     why = deployment_record.facts_options_problem(params["unit"], params["replaces"], params["port"],
                                                   params["model"]["repo_id"] if params["model"] else None)
     if why:
-        raise FactsError("vllm_service_facts: %s" % why)
+        raise FactsError("vllm_service_info: %s" % why)
     try:
         record = deployment_record.read(params["record_path"])
     except deployment_record.RecordError as exc:
-        raise FactsError("vllm_service_facts: %s" % exc)
+        raise FactsError("vllm_service_info: %s" % exc)
     result = {"changed": False, "record": record, "deployment": deployment_record.current(record),
               "previous": deployment_record.previous(record), "unit": unit_facts(commands, params["unit"]),
               "replaces": [dict(unit_facts(commands, name), unit=name) for name in params["replaces"]],

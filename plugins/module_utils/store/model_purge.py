@@ -8,14 +8,15 @@ and the stale lock files) and, outside check mode, ``apply_purge``: with every d
 what changes held, the plan is checked again (unlink_plan.plan_changes) and deleted as planned.
 
 The plan functions read the scanned store and probe locks but change nothing; each is
-table-tested directly (tests/unit/test_model_purge_plan.py). Refusals and failures raise
-PurgeError, whose message is final and whose ``details`` are the extra result keys.
+table-tested directly (tests/unit/plugins/module_utils/store/test_model_purge.py). Refusals and
+failures raise PurgeError, whose message is final and whose ``details`` are the extra result keys.
 
 A purge is verified: huggingface_hub's strategy only logs a path it could not delete (an immutable
 file, an NFS root_squash mount, a task without become) and returns, so after each step every
 planned path is looked at again (``leftovers``); what is still there is removed once more as
 planned, and what stays is named with its cause: the item is not reported removed and the module
-fails (tests/unit/test_purge_verified.py).
+fails (tests/unit/plugins/module_utils/store/test_model_purge.py, leftovers; the module in
+tests/unit/plugins/modules/test_model_purge.py).
 
 On a Xet-layout cache (docs/architecture.md, "The Xet cache layout") a repo's blobs are links into
 the cache-wide shared store: a step unlinks them (never follows them), and a payload goes only when
