@@ -21,13 +21,18 @@ def human_bytes(value) -> str:
     return plan_data.bytes_text(value)
 
 
+def _from_mapping(make, checked_inputs, inputs) -> dict:
+    """``make`` over the filter's one mapping, checked first: a bad key fails the filter by name."""
+    try:
+        return make(checked_inputs(inputs))
+    except plan_data.InputError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 def migrate_plan(inputs) -> dict:
     """The migration's todo list for one host from one mapping (fleet/plan_steps.py's PlanInputs):
     ``{{ {'target': modelswap_serve, 'disk': ..., 'fetch': ..., ...} | modelswap.vllm.migrate_plan }}``."""
-    try:
-        return plan_steps.plan_steps(plan_steps.plan_inputs(inputs))
-    except plan_data.InputError as exc:
-        raise AnsibleFilterError(str(exc))
+    return _from_mapping(plan_steps.plan_steps, plan_steps.plan_inputs, inputs)
 
 
 def read_plan(target: str, read: dict, expected: dict, settings: dict) -> dict:
@@ -112,10 +117,7 @@ def store_others(inventory_hosts, hostvars, play_hosts) -> list:
 def migrate_record(inputs) -> dict:
     """The JSON record of one host's migration from one mapping (fleet/run_record.py's RecordInputs):
     ``{{ {'host': inventory_hostname, 'run_id': ..., 'plan': ..., ...} | modelswap.vllm.migrate_record }}``."""
-    try:
-        return run_record.run_record(run_record.record_inputs(inputs))
-    except plan_data.InputError as exc:
-        raise AnsibleFilterError(str(exc))
+    return _from_mapping(run_record.run_record, run_record.record_inputs, inputs)
 
 
 def host_records(hosts, hostvars) -> list:

@@ -47,6 +47,18 @@ def module_result(run, task=TASK):
                          % (task, run.rc, run.stdout[-4000:]))
 
 
+def reported_and_removed(run, unused):
+    """gpu_ready's and shm_cleanup's results of a run: gpu_ready reported the unused files and
+    changed nothing, shm_cleanup removed (or would remove) exactly those."""
+    assert run.rc == 0, run.stdout[-4000:]
+    report, res = module_result(run, REPORT), module_result(run)
+    assert report["changed"] is False
+    assert sorted(Path(r["path"]).name for r in report["stale_shm"]) == sorted(unused)
+    assert res["changed"] is True
+    assert sorted(Path(r["path"]).name for r in res["removed"]) == sorted(unused)
+    return report, res
+
+
 def listing(lab, host, tag):
     out = lab.ssh(host, "ls -1 /dev/shm | grep -F -- %s || true" % shlex.quote(tag)).stdout
     return sorted(out.split())
@@ -90,14 +102,7 @@ def test_shm_cleanup_on_a_lab_host(lab):
 
         # Check mode: gpu_ready lists the stale files, shm_cleanup what would go; nothing is removed.
         check = lab.playbook(str(PLAYBOOK), extra, check=True, diff=True, limit=host)
-        assert check.rc == 0, check.stdout[-4000:]
-        report = module_result(check, REPORT)
-        assert report["changed"] is False
-        assert sorted(Path(r["path"]).name for r in report["stale_shm"]) == sorted(unused)
-        res = module_result(check)
-        assert res["changed"] is True
-        would = sorted(Path(r["path"]).name for r in res["removed"])
-        assert would == sorted(unused)
+        report, res = reported_and_removed(check, unused)
         assert res["bytes_freed"] == 4096 * len(unused)
         assert listing(lab, host, tag) == everything
 
@@ -108,13 +113,7 @@ def test_shm_cleanup_on_a_lab_host(lab):
         # The real run: gpu_ready still removes nothing, shm_cleanup exactly the unused files of
         # the service user.
         real = lab.playbook(str(PLAYBOOK), extra, diff=True, limit=host)
-        assert real.rc == 0, real.stdout[-4000:]
-        report = module_result(real, REPORT)
-        assert report["changed"] is False
-        assert sorted(Path(r["path"]).name for r in report["stale_shm"]) == sorted(unused)
-        res = module_result(real)
-        assert res["changed"] is True
-        assert sorted(Path(r["path"]).name for r in res["removed"]) == sorted(unused)
+        report, res = reported_and_removed(real, unused)
         assert listing(lab, host, tag) == sorted([held, mapped, theirs])
         in_use = {Path(e["path"]).name: e["holders"] for e in res["in_use"]}
         assert sorted(in_use) == sorted([held, mapped])

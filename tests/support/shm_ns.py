@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -70,3 +71,15 @@ def main(spec_path):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+
+
+def populate(d):
+    """A /dev/shm stand-in with one file of each kind: the default patterns' (nccl-, psm_,
+    sem.mp-, vllm_), an extra pattern's (sem.loky-), two a test holds (psm_held, nccl-mapped),
+    another user's (vllm_theirs) and one no pattern names (keep-me)."""
+    d.mkdir()
+    for name, size in (("nccl-1a2b", 32768), ("psm_9f8e", 4096), ("sem.mp-abc", 32),
+                       ("vllm_buf", 1024), ("sem.loky-7", 32), ("psm_held", 4096),
+                       ("nccl-mapped", 8192), ("vllm_theirs", 10), ("keep-me", 10)):
+        (d / name).write_bytes(b"x" * size)
+    os.chown(d / "vllm_theirs", pwd.getpwnam("nobody").pw_uid, -1)

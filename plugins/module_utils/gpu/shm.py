@@ -226,6 +226,21 @@ def _file_flags(name, dir_fd, entry):
         os.close(fd)
 
 
+def _recheck(entry, dir_fd, stat_prefix=""):
+    """(stat, None) while ``entry`` is still the planned file (same inode and owner, a regular
+    file); (None, None) when it is gone; (stat or None, reason) when it changed or cannot be
+    stat'ed (``stat_prefix`` + the error)."""
+    try:
+        st = os.stat(entry["name"], dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, stat_prefix + str(exc.strerror or exc)
+    if (st.st_dev, st.st_ino, st.st_uid) != (entry["dev"], entry["ino"], entry["uid"]) or not stat.S_ISREG(st.st_mode):
+        return st, "changed since it was checked (replaced or re-owned)"
+    return st, None
+
+
 def refusals(planned, shm_dir, euid=None):
     """Check, before anything is removed, that every planned file can be removed.
 
@@ -260,22 +275,15 @@ def refusals(planned, shm_dir, euid=None):
                 shm_dir, euid, stat.S_IMODE(dst.st_mode), procfs.user_name(dst.st_uid))
         for entry in planned:
             name = entry["name"]
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
+            st, reason = _recheck(entry, dir_fd, "cannot stat: ")
+            if st is None and reason is None:
                 continue  # gone already: nothing to do
-            except OSError as exc:
-                refused.append({"path": entry["path"], "reason": "cannot stat: %s" % (exc.strerror or exc)})
-                continue
-            if (st.st_dev, st.st_ino, st.st_uid) != (entry["dev"], entry["ino"], entry["uid"]) \
-                    or not stat.S_ISREG(st.st_mode):
-                reason = "changed since it was checked (replaced or re-owned)"
-            elif whole:
+            if reason is None and whole:
                 reason = whole
-            elif dst.st_mode & stat.S_ISVTX and euid not in (0, st.st_uid, dst.st_uid):
+            elif reason is None and dst.st_mode & stat.S_ISVTX and euid not in (0, st.st_uid, dst.st_uid):
                 reason = ("%s has the sticky bit and the file belongs to %s: only its owner, the "
                           "directory's owner or root may remove it" % (shm_dir, entry["owner"]))
-            else:
+            elif reason is None:
                 flag = _flag_problem(_file_flags(name, dir_fd, entry))
                 reason = "the file is %s" % flag if flag else None
             if reason:
@@ -301,18 +309,12 @@ def apply(planned, shm_dir):
     try:
         for entry in planned:
             name = entry["name"]
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
+            st, reason = _recheck(entry, dir_fd)
+            if reason:
+                errors.append({"path": entry["path"], "reason": reason + ("; left" if st is not None else "")})
+                continue
+            if st is None:
                 continue  # gone already: nothing to do
-            except OSError as exc:
-                errors.append({"path": entry["path"], "reason": exc.strerror or str(exc)})
-                continue
-            if (st.st_dev, st.st_ino, st.st_uid) != (entry["dev"], entry["ino"], entry["uid"]) \
-                    or not stat.S_ISREG(st.st_mode):
-                errors.append({"path": entry["path"],
-                               "reason": "changed since it was checked (replaced or re-owned); left"})
-                continue
             try:
                 os.unlink(name, dir_fd=dir_fd)
             except OSError as exc:

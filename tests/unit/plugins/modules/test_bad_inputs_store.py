@@ -78,6 +78,17 @@ BASE = {
 CHANGES_THINGS = {"model_purge", "shm_cleanup", "deployment_record"}
 
 # (module, id, options over BASE (None removes one), words the error must contain)
+# The /dev/shm inputs gpu_ready (which reports stale segments) and shm_cleanup (which removes them)
+# judge alike; "patterns" is gpu_ready's shm_patterns.
+SHM_ROWS = [
+    ("shm-dir-missing", {"shm_dir": "{tmp}/noshm"}, ["{tmp}/noshm does not exist", "Fix:"]),
+    ("shm-dir-a-file", {"shm_dir": "{tmp}/file"}, ["is not a directory", "Fix:"]),
+    ("shm-dir-relative", {"shm_dir": "shm"}, ["'shm' is not an absolute path", "/dev/shm"]),
+    ("pattern-with-slash", {"patterns": ["../*"]}, ["contains '/'", "Fix:"]),
+    ("pattern-absolute", {"patterns": ["/etc/*"]}, ["is absolute"]),
+    ("pattern-too-wide", {"patterns": ["*"]}, ["would match almost any file name"]),
+    ("typo-user", {"service_user": ME + "x"}, ["service user '%sx' does not exist" % ME]),
+]
 ROWS = [
     # ---------------------------------------------------------------------------- model_purge
     ("model_purge", "missing-store", {"cache_dir": "{tmp}/nope"}, ["{tmp}/nope does not exist", "fix the path"]),
@@ -137,13 +148,7 @@ ROWS = [
     ("disk_plan", "relative-protect-path", {"protect_paths": ["plain"]}, ["is not an absolute path"]),
     ("disk_plan", "record-is-a-directory", {"deployment_record": "{tmp}"}, ["cannot read the deployment record"]),
     # ---------------------------------------------------------------------------- gpu_ready
-    ("gpu_ready", "shm-dir-missing", {"shm_dir": "{tmp}/noshm"}, ["{tmp}/noshm does not exist", "Fix:"]),
-    ("gpu_ready", "shm-dir-a-file", {"shm_dir": "{tmp}/file"}, ["is not a directory", "Fix:"]),
-    ("gpu_ready", "shm-dir-relative", {"shm_dir": "shm"}, ["'shm' is not an absolute path", "/dev/shm"]),
-    ("gpu_ready", "pattern-with-slash", {"shm_patterns": ["../*"]}, ["contains '/'", "Fix:"]),
-    ("gpu_ready", "pattern-absolute", {"shm_patterns": ["/etc/*"]}, ["is absolute"]),
-    ("gpu_ready", "pattern-too-wide", {"shm_patterns": ["*"]}, ["would match almost any file name"]),
-    ("gpu_ready", "typo-user", {"service_user": ME + "x"}, ["service user '%sx' does not exist" % ME]),
+    # the /dev/shm inputs both modules take (SHM_ROWS, below) and gpu_ready's own
     ("gpu_ready", "removed-option", {"shm_cleanup": True}, ["Unsupported parameters", "shm_cleanup"]),
     ("gpu_ready", "utilization-over-1", {"gpu_memory_utilization": 1.5}, ["gpu_memory_utilization must be", "got 1.5"]),
     ("gpu_ready", "tp-zero", {"tensor_parallel_size": 0}, ["tensor_parallel_size must be an integer >= 1"]),
@@ -152,14 +157,8 @@ ROWS = [
     ("gpu_ready", "bad-driver-version", {"min_driver_version": "abc"}, ["'abc' is not a version"]),
     ("gpu_ready", "typo-option", {"shm_clean": True}, ["Unsupported parameters", "shm_clean"]),
     # ---------------------------------------------------------------------------- shm_cleanup
-    ("shm_cleanup", "shm-dir-missing", {"shm_dir": "{tmp}/noshm"}, ["{tmp}/noshm does not exist", "Fix:"]),
-    ("shm_cleanup", "shm-dir-a-file", {"shm_dir": "{tmp}/file"}, ["is not a directory", "Fix:"]),
-    ("shm_cleanup", "shm-dir-relative", {"shm_dir": "shm"}, ["'shm' is not an absolute path", "/dev/shm"]),
-    ("shm_cleanup", "pattern-with-slash", {"patterns": ["../*"]}, ["contains '/'", "Fix:"]),
-    ("shm_cleanup", "pattern-absolute", {"patterns": ["/etc/*"]}, ["is absolute"]),
-    ("shm_cleanup", "pattern-too-wide", {"patterns": ["*"]}, ["would match almost any file name"]),
+    # the /dev/shm inputs both modules take (SHM_ROWS, below) and shm_cleanup's own
     ("shm_cleanup", "pattern-hidden", {"patterns": [".nccl*"]}, ["starts with '.'"]),
-    ("shm_cleanup", "typo-user", {"service_user": ME + "x"}, ["service user '%sx' does not exist" % ME]),
     ("shm_cleanup", "empty-user", {"service_user": ""}, ["service_user is empty", "Fix:"]),
     ("shm_cleanup", "no-service-user", {"service_user": None}, ["missing required arguments: service_user"]),
     ("shm_cleanup", "gpu-ready-option-name", {"shm_patterns": ["sem.loky-*"]},
@@ -219,7 +218,9 @@ ROWS = [
     ("vllm_service_info", "replaces-bad", {"replaces": ["old vllm"]}, ["replaces 'old vllm' is not a systemd unit"]),
     ("vllm_service_info", "typo-choice", {"verification": "sha"}, ["verification must be one of: full, size, none"]),
     ("vllm_service_info", "typo-option", {"record": "{tmp}/record.json"}, ["Unsupported parameters", "record"]),
-]
+] + [(module, case, {(key if key != "patterns" else patterns): value for key, value in args.items()}, expect)
+     for module, patterns in (("gpu_ready", "shm_patterns"), ("shm_cleanup", "patterns"))
+     for case, args, expect in SHM_ROWS]
 
 
 @pytest.mark.parametrize("module,row,extra,words", ROWS, ids=["%s-%s" % (r[0], r[1]) for r in ROWS])

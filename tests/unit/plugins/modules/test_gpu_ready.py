@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.fake_pynvml import gpu
 from tests.support.modules import COLLECTIONS, REPO, run_module
-from tests.support.shm_ns import NEEDS_NAMESPACE, in_namespace
+from tests.support.shm_ns import NEEDS_NAMESPACE, in_namespace, populate
 
 pytestmark = pytest.mark.unit
 
@@ -253,15 +253,6 @@ def test_bad_input_fails_clearly_before_anything(args, text):
 
 
 # ---------------------------------------------------------------------------- /dev/shm: reported, never removed
-
-def populate(d):
-    d.mkdir()
-    for name, size in (("nccl-1a2b", 32768), ("psm_9f8e", 4096), ("sem.mp-abc", 32),
-                       ("vllm_buf", 1024), ("sem.loky-7", 32), ("psm_held", 4096),
-                       ("nccl-mapped", 8192), ("vllm_theirs", 10), ("keep-me", 10)):
-        (d / name).write_bytes(b"x" * size)
-    os.chown(d / "vllm_theirs", pwd.getpwnam("nobody").pw_uid, -1)
-
 
 @NEEDS_NAMESPACE
 def test_stale_segments_are_reported_and_left_in_place(tmp_path):

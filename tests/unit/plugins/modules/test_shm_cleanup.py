@@ -24,7 +24,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.common import procf
 from ansible_collections.modelswap.vllm.plugins.module_utils.gpu import shm
 from tests.support.holders import holding
 from tests.support.modules import COLLECTIONS, REPO
-from tests.support.shm_ns import NEEDS_NAMESPACE, in_namespace
+from tests.support.shm_ns import NEEDS_NAMESPACE, in_namespace, populate
 
 pytestmark = pytest.mark.unit
 
@@ -360,15 +360,6 @@ def test_documentation_matches_the_argument_spec():
 
 
 # ---------------------------------------------------------------------------- the module, end to end
-
-def populate(d):
-    d.mkdir()
-    for name, size in (("nccl-1a2b", 32768), ("psm_9f8e", 4096), ("sem.mp-abc", 32),
-                       ("vllm_buf", 1024), ("sem.loky-7", 32), ("psm_held", 4096),
-                       ("nccl-mapped", 8192), ("vllm_theirs", 10), ("keep-me", 10)):
-        (d / name).write_bytes(b"x" * size)
-    os.chown(d / "vllm_theirs", pwd.getpwnam("nobody").pw_uid, -1)
-
 
 STALE = ["nccl-1a2b", "psm_9f8e", "sem.loky-7", "sem.mp-abc", "vllm_buf"]
 STALE_BYTES = 32768 + 4096 + 32 + 1024 + 32

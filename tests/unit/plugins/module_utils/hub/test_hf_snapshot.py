@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hub_errors import http_error, local_entry_error_from
 from tests.support.modules import COLLECTIONS
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
@@ -288,13 +289,6 @@ def test_select_and_a_pattern_matching_nothing():
 
 
 # ------------------------------------------------------------------------------------------ errors
-def http_error(cls_name, status, message="boom"):
-    import httpx2
-    from huggingface_hub import errors
-    response = httpx2.Response(status, request=httpx2.Request("GET", "http://hub/x"))
-    return getattr(errors, cls_name)(message, response=response)
-
-
 class FakeHF:
     from huggingface_hub import errors
 
@@ -328,16 +322,8 @@ def test_classify(make, cause, transient, words):
 
 
 def test_classify_looks_through_wrapping_errors():
-    from huggingface_hub import errors
-    inner = http_error("GatedRepoError", 403)
-    err = None
-    try:
-        try:
-            raise inner
-        except Exception as exc:
-            raise errors.LocalEntryNotFoundError("cannot find the requested files") from exc
-    except Exception as outer:
-        err = hf_errors.classify(outer, FakeHF, repo_id="o/r", revision="main", where="w", token_given=True, what="x")
+    err = hf_errors.classify(local_entry_error_from(http_error("GatedRepoError", 403)), FakeHF, repo_id="o/r",
+                             revision="main", where="w", token_given=True, what="x")
     assert err.cause == "gated" and "the token given has no access" in str(err)
 
 

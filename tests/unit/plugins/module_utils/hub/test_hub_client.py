@@ -12,6 +12,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_i
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_snapshot
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hub_client
+from tests.support.hub_errors import http_error, local_entry_error_from
 from tests.support.modules import run_module
 
 pytestmark = pytest.mark.unit
@@ -24,13 +25,6 @@ DEAD = "http://127.0.0.1:9"          # discard port: nothing listens
 
 
 # ------------------------------------------------------------------------------------------ errors
-def http_error(cls_name, status, message="boom"):
-    import httpx2
-    from huggingface_hub import errors
-    response = httpx2.Response(status, request=httpx2.Request("GET", "http://hub/x"))
-    return getattr(errors, cls_name)(message, response=response)
-
-
 def errors_module():
     from huggingface_hub import errors
     return errors
@@ -73,16 +67,8 @@ def test_classify_table(make, kind, transient, words, fetch_only):
 
 
 def test_classify_searches_the_chain_and_asks_local_last():
-    inner = http_error("GatedRepoError", 403)
-    err = None
-    try:
-        try:
-            raise inner
-        except Exception as exc:
-            raise errors_module().LocalEntryNotFoundError("cannot find the requested files") from exc
-    except Exception as outer:
-        err = hub_client.classify(outer, errors_module(), repo_id="o/r", revision="main", where="w", token_given=True,
-                                  what="x")
+    err = hub_client.classify(local_entry_error_from(http_error("GatedRepoError", 403)), errors_module(), repo_id="o/r",
+                              revision="main", where="w", token_given=True, what="x")
     assert err.kind == "gated" and "the token given has no access" in str(err)
     disk = OSError(errno.ENOSPC, "No space left on device")
     local = hub_client.classify(disk, None, repo_id="o/r", revision="main", where="w", token_given=False, what="x",
