@@ -4,7 +4,7 @@
 floor's verdict, and the result each entry point publishes.
 
 The logic lives in plugins/module_utils/serving/lb_pool.py (table-tested in
-tests/unit/plugins/module_utils/serving/test_lb_pool.py); these wrappers turn its errors into
+tests/unit/plugins/filter/test_lb_pool.py); these wrappers turn its errors into
 AnsibleFilterError, whose message the failed task shows.
 """
 from __future__ import annotations

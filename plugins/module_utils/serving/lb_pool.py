@@ -19,7 +19,7 @@ fleet where nothing serves yet can be deployed). ``pool_result`` turns the view 
 results into the fact each entry point publishes, with a one-line message for the preview.
 
 Pure functions over plain values, used on the controller through plugins/filter/lb_pool.py and
-table-tested in tests/unit/plugins/module_utils/serving/test_lb_pool.py.
+table-tested in tests/unit/plugins/filter/test_lb_pool.py.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 
 from ansible_collections.modelswap.vllm.plugins.filter.fleet_status import FilterModule
 from tests.support.modules import REPO
-from tests.unit.plugins.module_utils.serving.test_lb_pool import csv_text
+from tests.unit.plugins.filter.test_lb_pool import csv_text
 
 pytestmark = pytest.mark.unit
 

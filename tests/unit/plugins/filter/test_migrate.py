@@ -42,8 +42,9 @@ class HostVars(Mapping):
         return len(self._hosts)
 
 
-def host(read=READ, store="", serve="new", site="s1"):
-    return {"__migrate_read": read, "modelswap_serve": serve, "modelswap_models": MODELS, "modelswap_store": store,
+def host(read=None, store="", serve="new", site="s1"):
+    """A host's hostvars as the filters see them (read: its migrate_info result, READ by default)."""
+    return {"__migrate_read": READ if read is None else read, "modelswap_serve": serve, "modelswap_models": MODELS, "modelswap_store": store,
             "modelswap_site": site, "ansible_host": "10.0.0.1"}
 
 

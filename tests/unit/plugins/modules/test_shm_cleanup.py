@@ -356,7 +356,7 @@ def test_documentation_matches_the_argument_spec():
     yaml.safe_load(mod.EXAMPLES)
     returns = yaml.safe_load(mod.RETURN)
     assert {"removed", "bytes_freed", "in_use", "refused", "unverified"} <= set(returns)
-    # ansible-doc renders it: tests/unit/plugins/modules/test_module_docs.py, for every module.
+    # ansible-doc renders it: tests/unit/test_module_docs.py, for every module.
 
 
 # ---------------------------------------------------------------------------- the module, end to end

@@ -279,18 +279,3 @@ def test_a_store_member_waits_while_the_store_is_filled_and_is_done_after():
     states[0]["verified"] = states[1]["verified"] = True
     plan = peer_plan.plan_from_states(states, first=2)
     assert [peer_plan.host_round(plan, h)["action"] for h in ("gpu1", "gpu2")] == ["done", "done"]
-
-
-def test_the_filters_hand_the_role_the_planner_and_name_bad_input():
-    from ansible.errors import AnsibleFilterError
-    from ansible_collections.modelswap.vllm.plugins.filter import fleet
-
-    filters = fleet.FilterModule().filters()
-    assert set(filters) == {"peer_plan", "peer_round", "peer_after", "peer_summary", "peer_outcome"}
-    fleet_states = [state("gpu1"), state("gpu2")]
-    plan = filters["peer_plan"](fleet_states, "1", "1", "3")
-    assert filters["peer_round"](plan, "gpu1") == {"round": 3, "action": "hub", "from": None}
-    assert filters["peer_summary"](plan)[-1].startswith("fleet: 2 host(s)")
-    assert filters["peer_outcome"](fleet_states)[-1] == "in all: 0 B from the Hub, 0 B between hosts"
-    with pytest.raises(AnsibleFilterError, match="peer_plan: host gpu1 is listed twice"):
-        filters["peer_plan"]([state("gpu1"), state("gpu1")])

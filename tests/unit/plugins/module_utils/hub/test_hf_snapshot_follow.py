@@ -20,8 +20,7 @@ import time
 
 import pytest
 
-from ansible_collections.modelswap.vllm.plugins.filter.migrate import migrate_plan
-from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts, plan_steps
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_errors
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import hf_locks
@@ -338,7 +337,8 @@ IN_FLIGHT = {"pid": 4242, "host": "gpu-a01", "since": "2026-03-01T10:00:00Z", "r
      "already downloaded and verified"),
 ], ids=["run", "no-run", "free", "verified"])
 def test_the_plans_fetch_step_says_it_follows_the_download_in_flight(fetch, text):
-    plan = migrate_plan({"target": "tiny-b", "fetch": fetch, "service": {"would_swap": True, "unit": "vllm.service"}})
+    plan = plan_steps.plan_steps(plan_steps.plan_inputs(
+        {"target": "tiny-b", "fetch": fetch, "service": {"would_swap": True, "unit": "vllm.service"}}))
     step = next(s for s in plan["steps"] if s["step"] == "fetch")
     assert step["text"] == text
     assert step.get("in_flight") == (fetch["in_flight"] if text.startswith("follow") else None)

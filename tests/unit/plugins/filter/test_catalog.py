@@ -11,7 +11,7 @@ from ansible_collections.modelswap.vllm.plugins.filter.catalog import catalog_en
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 
-REPO = pathlib.Path(__file__).resolve().parents[5]
+REPO = pathlib.Path(__file__).resolve().parents[4]
 GOOD = {"repo_id": "lab/tiny-a", "revision": "main", "served_model_name": "tiny-a",
         "vllm_args": {"dtype": "float32"}}
 

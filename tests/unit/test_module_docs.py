@@ -326,3 +326,11 @@ def test_checker_reads_free_form_args_and_blocks():
     (task,) = tasks_of(examples)
     assert module_call(task) == ("model_purge", {"cache_dir": "/c", "missing": "sometimes"})
     assert call_problems(*module_call(task)) == ["option missing='sometimes' is not one of ['ignore', 'fail']"]
+
+
+def test_ansible_doc_shows_gpu_readys_options():
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-t", "module",
+                           "modelswap.vllm.gpu_ready"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu_memory_utilization" in proc.stdout and "shm_patterns" in proc.stdout
