@@ -9,6 +9,8 @@ AnsibleFilterError, whose message the failed task shows.
 """
 from __future__ import annotations
 
+import re
+
 from ansible.errors import AnsibleFilterError
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import lb_pool
 
@@ -49,6 +51,13 @@ def lb_pool_haproxy_sessions(text, backend, server):
     return lb_pool.haproxy_sessions(text, backend, server)
 
 
+def lb_pool_read_failure(result):
+    """A failed pool entry point as its caller keeps it (``{"failed": true, "msg"}``): lb_pool's
+    own words, without Ansible's account of where its filter failed."""
+    msg = str((result or {}).get("msg") or "the pool could not be read")
+    return {"failed": True, "msg": re.sub(r"^(?s:.*)The filter plugin '[^']+' failed: ", "", msg)}
+
+
 def lb_pool_rejoin_failure(view, timeout):
     """The message of a rejoin the load balancer did not confirm."""
     return lb_pool.rejoin_failure(view, timeout)
@@ -63,4 +72,5 @@ class FilterModule:
             ("lb_pool_result", lb_pool_result),
             ("lb_pool_haproxy_sessions", lb_pool_haproxy_sessions),
             ("lb_pool_rejoin_failure", lb_pool_rejoin_failure),
+            ("lb_pool_read_failure", lb_pool_read_failure),
         )}

@@ -331,3 +331,12 @@ def test_every_default_is_commented_and_every_entry_point_has_its_file():
         for action in ("pool", "drain", "rejoin"):
             assert (ROLE / "tasks" / f"{kind}_{action}.yml").is_file()
     assert specs["main"]["options"]["lb_pool_haproxy_stats_password"]["no_log"] is True
+
+
+def test_a_failed_pool_read_is_kept_in_lb_pools_own_words():
+    wrapped = ("Task failed: Finalization of task args for 'ansible.builtin.set_fact' failed: Error while resolving "
+               "value for 'lb_pool_result': The filter plugin 'modelswap.vllm.lb_pool_haproxy_servers' failed: "
+               "cannot read http://lb:8404/stats;csv: HTTP 503")
+    assert F["lb_pool_read_failure"]({"msg": wrapped}) == {"failed": True, "msg": "cannot read http://lb:8404/stats;csv: HTTP 503"}
+    assert F["lb_pool_read_failure"]({"msg": "unreachable"}) == {"failed": True, "msg": "unreachable"}
+    assert F["lb_pool_read_failure"]({}) == {"failed": True, "msg": "the pool could not be read"}
