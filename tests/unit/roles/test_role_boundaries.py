@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
 from tests.support.modules import REPO
 
@@ -14,6 +15,25 @@ pytestmark = pytest.mark.unit
 
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
 TEXT_FILES = ("**/*.yml", "**/*.yaml", "**/*.j2")
+SHARED = "modelswap_defaults"
+# where a role uses variables (its argument specs and README only describe them)
+CODE_FILES = ("defaults/*.yml", "vars/*.yml", "tasks/*.yml", "templates/*.j2", "handlers/*.yml")
+
+
+def load_yaml(path):
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+def inputs(role: str) -> set[str]:
+    """The role's documented inputs: the options of every entry point of its argument specs."""
+    specs = (load_yaml(REPO / "roles" / role / "meta" / "argument_specs.yml") or {}).get("argument_specs") or {}
+    return {name for entry in specs.values() for name in (entry.get("options") or {})}
+
+
+def inputs_read(text: str, names: set[str]) -> list[str]:
+    """The names of `names` that a line reads: not a key it sets (`name:`, a parameter passed to
+    an entry point) nor a command-line example (`-e name=value`)."""
+    return [m.group(1) for m in re.finditer(r"(?<![\w.])([a-z][a-z0-9_]*)\b(?!\s*[:=])", text) if m.group(1) in names]
 
 
 def crossings(role: str, text: str) -> list[str]:
@@ -87,3 +107,49 @@ def test_the_store_path_is_defined_once():
                 places.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert [line for line in places if "modelswap_hf_cache:" in line], places
     assert all(line.startswith("roles/modelswap_defaults/defaults/main.yml:") for line in places), places
+
+
+def test_an_input_other_roles_read_is_defined_once_where_every_role_sees_it():
+    """A role's input that another role reads (the migration's preflight, model_purge and model_fetch
+    settings, fleet_status's vllm_service_port) is defined in the shared defaults, which every role
+    depends on: in the owning role's own defaults it would be undefined wherever that role is not
+    loaded, and the reader would repeat it as `| default(...)` or import the role for nothing."""
+    shared = load_yaml(REPO / "roles" / SHARED / "defaults" / "main.yml") or {}
+    problems = []
+    for owner in ROLES:
+        names = {name for name in inputs(owner) if name.startswith(f"{owner}_")}
+        own = load_yaml(REPO / "roles" / owner / "defaults" / "main.yml") or {}
+        for reader in ROLES:
+            if reader in (owner, SHARED):
+                continue
+            for pattern in CODE_FILES:
+                for path in sorted((REPO / "roles" / reader).glob(pattern)):
+                    for n, line in enumerate(path.read_text().splitlines(), 1):
+                        if line.lstrip().startswith("#"):
+                            continue
+                        for name in inputs_read(line, names):
+                            where = f"roles/{reader}/{path.relative_to(REPO / 'roles' / reader)}:{n}"
+                            if name in own:
+                                problems.append(f"{where}: reads {name}, defined in roles/{owner}/defaults/main.yml")
+                            elif name not in shared:
+                                problems.append(f"{where}: reads {name}, which no defaults define")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("line, read", [
+    ("    endpoint: \"{{ model_fetch_endpoint or omit }}\"", ["model_fetch_endpoint"]),
+    ("  when: model_fetch_peers | bool", ["model_fetch_peers"]),
+    ("    model_fetch_listing: \"{{ __migrate_listing }}\"", []),  # a parameter it passes
+    ("      (playbooks/deploy.yml -e model_fetch_peers=true)", []),  # an example in a message
+    ("    x: \"{{ result.model_fetch_peers }}\"", []),  # an attribute, not the variable
+])
+def test_the_check_tells_a_read_from_a_parameter(line, read):
+    assert inputs_read(line, {"model_fetch_endpoint", "model_fetch_peers", "model_fetch_listing"}) == read
+
+
+def test_no_role_imports_a_task_file_without_tasks():
+    """An empty task file imported only to load a role's variables hides a dependency: the shared
+    defaults hold what others read, and entry points do something."""
+    empty = [str(path.relative_to(REPO)) for path in sorted((REPO / "roles").glob("*/tasks/*.yml"))
+             if not load_yaml(path)]
+    assert not empty, empty

@@ -33,7 +33,13 @@ def load_yaml(path):
 
 
 def defaults(role):
-    return load_yaml(REPO / "roles" / role / "defaults" / "main.yml") or {}
+    """The role's public defaults: its own file's, and those of its inputs that other roles read
+    too, which the shared owner defines (kubespray's rule)."""
+    own = load_yaml(REPO / "roles" / role / "defaults" / "main.yml") or {}
+    if role == SHARED:
+        return own
+    shared = load_yaml(REPO / "roles" / SHARED / "defaults" / "main.yml") or {}
+    return {**{k: v for k, v in shared.items() if k.startswith(f"{role}_")}, **own}
 
 
 def main_spec(role):
@@ -152,9 +158,13 @@ def test_every_role_depends_on_the_shared_defaults():
 
 
 def test_the_shared_defaults_are_documented_and_add_no_task():
-    values = defaults(SHARED)
+    everything = defaults(SHARED)
+    # a role's input other roles read too is the role's, described in its own argument specs
+    problems = [f"defaults/main.yml: {name} is neither {SHARED_PREFIX}* nor a role's input"
+                for name in everything
+                if not name.startswith(SHARED_PREFIX) and not any(name in options(role) for role in ROLES)]
+    values = {k: v for k, v in everything.items() if k.startswith(SHARED_PREFIX)}
     specs = (load_yaml(REPO / "roles" / SHARED / "meta" / "argument_specs.yml") or {}).get("argument_specs") or {}
-    problems = [f"defaults/main.yml: {name} is not {SHARED_PREFIX}*" for name in values if not name.startswith(SHARED_PREFIX)]
     # a `main` entry point would add a validation task to every play of every role
     problems += ["meta/argument_specs.yml has a main entry point"] if "main" in specs else []
     opts = (specs.get("variables") or {}).get("options") or {}
