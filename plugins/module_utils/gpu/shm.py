@@ -85,19 +85,19 @@ def validate_patterns(patterns):
         if why:
             bad.append("%r %s" % (pattern, why))
     if bad:
-        raise ShmError("Cannot clean shared memory: unknown shm pattern(s): %s. Fix: use file-name "
+        raise ShmError("Shared memory: unknown shm pattern(s): %s. Fix: use file-name "
                        "globs such as 'nccl-*' or 'sem.loky-*'." % "; ".join(bad))
 
 
 def resolve_user(user):
     """(uid, name) of `user`; ShmError when the account does not exist on this host."""
     if not user or not str(user).strip():
-        raise ShmError("Cannot clean shared memory: service_user is empty. Fix: give the account "
+        raise ShmError("Shared memory: service_user is empty. Fix: give the account "
                        "that runs the vLLM service (e.g. 'vllm').")
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
-        raise ShmError("Cannot clean shared memory: service user %r does not exist on this host "
+        raise ShmError("Shared memory: service user %r does not exist on this host "
                        "(no passwd entry). Fix: create the account first or name the user that "
                        "runs the service." % user)
     return entry.pw_uid, entry.pw_name
@@ -131,7 +131,7 @@ def plan(shm_dir, uid, patterns=DEFAULT_PATTERNS, proc=procfs.PROC, exclude_pids
     try:
         names = sorted(os.listdir(shm_dir))
     except OSError as exc:
-        raise ShmError("Cannot clean shared memory: cannot list %s: %s. Fix: check that the "
+        raise ShmError("Shared memory: cannot list %s: %s. Fix: check that the "
                        "directory exists and the module runs as root (become: true)."
                        % (shm_dir, exc.strerror or exc))
     result = {"remove": [], "in_use": [], "other_owner": [], "skipped": [], "uninspectable": []}
