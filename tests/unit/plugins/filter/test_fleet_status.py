@@ -241,6 +241,7 @@ def fleet(tmp_path, servers, hosts, stats):
             "ansible_connection": "local", "ansible_host": "127.0.0.1", "ansible_python_interpreter": sys.executable,
             "vllm_service_port": servers(models=served).server_address[1], "vllm_service_api_key": "k",
             "vllm_service_unit": "%s-vllm.service" % name, "modelswap_deployment_record": str(home / "deployment.json"),
+            "modelswap_drain_mark_path": str(home / "lb-drained.json"),
             "modelswap_hf_cache": str(home / "hub"), "lb_pool_type": "haproxy", "lb_pool_lb_host": "localhost",
             "lb_pool_haproxy_stats_url": "http://127.0.0.1:%d/stats;csv" % lb.server_address[1]}
     path = tmp_path / "hosts.yml"
