@@ -8,7 +8,8 @@ One module-scoped story, in order (each real vLLM start costs about a minute):
   with an unreachable host in the inventory -> not enough disk fails before any change -> gpu2
   gets tiny-broken and rolls back while gpu1 completes, under load (gpu2 rejoins serving tiny-b:
   no request fails) -> without the drain, the same swap under load fails requests -> the floor:
-  with one of two servers out of the pool, the other is not drained and nothing changes.
+  with one of two servers out of the pool, the other is not drained and nothing changes -> the
+  pool's stats page does not answer: the run stops before any change, in lb_pool's words.
 """
 from __future__ import annotations
 
@@ -340,3 +341,23 @@ def test_8_the_floor_refuses_to_drain_the_last_server_and_nothing_changes(lab, s
         assert lab.lb_servers()["gpu1"] == "UP"
     finally:
         lab.lb_command("enable server vllm/gpu2")
+
+
+def test_9_a_pool_that_cannot_be_read_stops_the_run_before_any_change(lab, story):
+    """The load balancer's stats page does not answer (a closed port): the plan cannot tell whether
+    a drain would leave anyone serving, so the run stops before anything changes, in lb_pool's
+    words, and no host leaves the pool."""
+    closed = lab.lb_stats_url.replace(":8404/", ":9/")
+    assert closed != lab.lb_stats_url
+    pids = {h: main_pid(lab, h) for h in HOSTS}
+    models = {h: served(lab, h, story["key"]) for h in HOSTS}
+    target = "tiny-b" if models["gpu1"] == ["tiny-a"] else "tiny-a"
+    out = runner.migrate(str(lab.inventory), serve=target,
+                         extra_vars=dict(story["vars"], modelswap_benchmark=False,
+                                         lb_pool_haproxy_stats_url=closed))
+    assert not out["ok"]
+    for host in HOSTS:
+        failure = out["records"][host]["failure"]
+        assert f"lb_pool: cannot read {closed}" in failure["msg"], failure
+        assert main_pid(lab, host) == pids[host] and served(lab, host, story["key"]) == models[host]
+    assert lab.lb_servers() == {"gpu1": "UP", "gpu2": "UP"}

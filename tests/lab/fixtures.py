@@ -43,6 +43,11 @@ class Lab:
         """The load balancer's frontend (HAProxy on the bridge), where clients send requests."""
         return self._lab.lb_url
 
+    @property
+    def lb_stats_url(self) -> str:
+        """HAProxy's stats page as CSV, which lb_pool reads (the inventory's lb_pool_haproxy_stats_url)."""
+        return self._lab.lb_stats_url
+
     def lb_servers(self) -> dict[str, str]:
         """{server: HAProxy status} of the load balancer's backend (UP, DOWN, MAINT, ...)."""
         return labctl.lb_servers(self._lab)
