@@ -127,13 +127,31 @@ def test_an_input_other_roles_read_is_defined_once_where_every_role_sees_it():
                     for n, line in enumerate(path.read_text().splitlines(), 1):
                         if line.lstrip().startswith("#"):
                             continue
-                        for name in inputs_read(line, names):
-                            where = f"roles/{reader}/{path.relative_to(REPO / 'roles' / reader)}:{n}"
-                            if name in own:
-                                problems.append(f"{where}: reads {name}, defined in roles/{owner}/defaults/main.yml")
-                            elif name not in shared:
-                                problems.append(f"{where}: reads {name}, which no defaults define")
+                        where = f"roles/{reader}/{path.relative_to(REPO / 'roles' / reader)}:{n}"
+                        problems += [f"{where}: {why}" for why in misplaced(line, owner, names, own, shared)]
     assert not problems, "\n".join(problems)
+
+
+def misplaced(line: str, owner: str, names: set[str], own: dict, shared: dict) -> list[str]:
+    """Why a reader's `line` reads an input of `owner` that is not where every role sees it."""
+    found = []
+    for name in inputs_read(line, names):
+        if name in own:
+            found.append(f"reads {name}, defined in roles/{owner}/defaults/main.yml")
+        elif name not in shared:
+            found.append(f"reads {name}, which no defaults define")
+    return found
+
+
+def test_the_check_catches_an_input_read_where_it_is_not_defined():
+    names = {"vllm_service_port", "vllm_service_read"}
+    line = "    url: \"http://h:{{ vllm_service_port }}/v1/models\""
+    assert misplaced(line, "vllm_service", names, {"vllm_service_port": 8000}, {}) == [
+        "reads vllm_service_port, defined in roles/vllm_service/defaults/main.yml"]
+    assert misplaced(line, "vllm_service", names, {}, {}) == ["reads vllm_service_port, which no defaults define"]
+    assert misplaced(line, "vllm_service", names, {}, {"vllm_service_port": 8000}) == []
+    # a parameter passed to an entry point is set, not read
+    assert misplaced("    vllm_service_read: \"{{ x }}\"", "vllm_service", names, {}, {}) == []
 
 
 @pytest.mark.parametrize("line, read", [
