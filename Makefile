@@ -55,6 +55,9 @@ lint: venv ## ansible-lint (production profile), ansible-doc of every module, th
 	@for m in plugins/modules/*.py; do n=$$(basename $$m .py); \
 	  $(BIN)/ansible-doc -t module modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: $$n"; exit 1; }; \
 	  echo "ansible-doc ok: modelswap.vllm.$$n"; done
+	@for f in plugins/filter/*.yml; do n=$$(basename $$f .yml); \
+	  $(BIN)/ansible-doc -t filter modelswap.vllm.$$n >/dev/null || { echo "ansible-doc failed: filter $$n"; exit 1; }; \
+	  done; echo "ansible-doc ok: every filter"
 	$(MAKE) collection-check
 
 collection-check: venv ## the built collection as a reviewer takes it: changelog, ansible-test sanity (pylint too) and units, docs lint; no lab
@@ -62,7 +65,7 @@ collection-check: venv ## the built collection as a reviewer takes it: changelog
 	$(BIN)/antsibull-changelog lint-changelog-yaml changelogs/changelog.yaml
 	tests/sanity/run.sh
 	tests/sanity/run.sh units
-	cd build/sanity/ansible_collections/modelswap/vllm && $(abspath $(BIN))/antsibull-docs lint-collection-docs .
+	cd build/sanity/ansible_collections/modelswap/vllm && PATH=$(abspath $(BIN)):$$PATH $(abspath $(BIN))/antsibull-docs lint-collection-docs --plugin-docs .
 
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
 	$(PYTEST) -m "unit or hub" -q
