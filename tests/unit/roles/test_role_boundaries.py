@@ -7,21 +7,16 @@ from __future__ import annotations
 import re
 
 import pytest
-import yaml
 
 from tests.support.modules import REPO
+from tests.support.role_files import SHARED, load_yaml
 
 pytestmark = pytest.mark.unit
 
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
 TEXT_FILES = ("**/*.yml", "**/*.yaml", "**/*.j2")
-SHARED = "modelswap_defaults"
 # where a role uses variables (its argument specs and README only describe them)
 CODE_FILES = ("defaults/*.yml", "vars/*.yml", "tasks/*.yml", "templates/*.j2", "handlers/*.yml")
-
-
-def load_yaml(path):
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
 def inputs(role: str) -> set[str]:

@@ -13,33 +13,21 @@ from __future__ import annotations
 import re
 
 import pytest
-import yaml
 from ansible.errors import AnsibleError
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 from tests.support.modules import REPO
+from tests.support.role_files import SHARED, load_yaml, role_defaults
 
 pytestmark = pytest.mark.unit
 
-SHARED = "modelswap_defaults"  # the owner of the fleet-wide modelswap_* variables (no tasks)
 ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir() and p.name != SHARED)
 SHARED_PREFIX = "modelswap_"  # fleet-wide inputs every role may take (inventory-wide settings)
 NO_DEFAULT = object()
 
 
-def load_yaml(path):
-    return yaml.safe_load(path.read_text()) if path.is_file() else None
-
-
-def defaults(role):
-    """The role's public defaults: its own file's, and those of its inputs that other roles read
-    too, which the shared owner defines (kubespray's rule)."""
-    own = load_yaml(REPO / "roles" / role / "defaults" / "main.yml") or {}
-    if role == SHARED:
-        return own
-    shared = load_yaml(REPO / "roles" / SHARED / "defaults" / "main.yml") or {}
-    return {**{k: v for k, v in shared.items() if k.startswith(f"{role}_")}, **own}
+defaults = role_defaults
 
 
 def main_spec(role):

@@ -9,6 +9,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.modelswap.vllm.plugins.filter.vllm_service import FilterModule
+from tests.support.role_files import role_defaults
 
 pytestmark = pytest.mark.unit
 
@@ -16,10 +17,7 @@ ROLE = Path(__file__).resolve().parents[3] / "roles" / "vllm_service"
 
 
 def test_argument_specs_mirror_the_defaults():
-    # its own defaults, and its inputs other roles read too, which the shared defaults define
-    shared = yaml.safe_load((ROLE.parent / "modelswap_defaults" / "defaults" / "main.yml").read_text())
-    defaults = {**{k: v for k, v in shared.items() if k.startswith("vllm_service_")},
-                **yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())}
+    defaults = role_defaults("vllm_service")  # its own, and its inputs the shared defaults define
     specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
     assert set(defaults) == set(specs)
     for name, spec in specs.items():
