@@ -2,7 +2,8 @@
 # Copyright: modelswap engineers; Apache-2.0
 """Filters of the vllm_service role: the vLLM command line and systemd syntax.
 
-The logic lives in plugins/module_utils/serving/vllm_unit.py (unit-tested there); these are thin wrappers that
+The logic lives in plugins/module_utils/serving/ (vllm_unit.py, vllm_service_checks.py,
+vllm_service_settings.py; unit-tested there); these are thin wrappers that
 turn its errors into AnsibleFilterError.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_facts
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_settings as settings
 
 
 def _wrap(func):
@@ -46,9 +48,9 @@ def vllm_parallel_size(vllm_args):
     return vllm_args_rules.parallel_size(vllm_args)
 
 
-def systemd_exec(argv):
-    """An argv list as a systemd ExecStart= value."""
-    return vllm_unit.systemd_exec(argv)
+def systemd_exec(argv, why=""):
+    """An argv list as a systemd ExecStart= value (``why``: why there is none, when it is empty)."""
+    return vllm_unit.systemd_exec(argv, why)
 
 
 def systemd_env_lines(env):
@@ -72,7 +74,7 @@ def merge_env(*layers):
 
 
 def vllm_service_problems(settings):
-    """Why the role's settings (``__vllm_service_settings``) cannot be deployed: sentences in the
+    """Why the role's settings (what ``vllm_service_layout`` judges) cannot be deployed: sentences in the
     order the role checks them (empty: they can)."""
     return vllm_service_checks.settings_problems(settings)
 
@@ -82,6 +84,23 @@ def vllm_service_host_problems(settings, facts, gpus=None, allow_unfetched=False
     and gpu_ready's results; ``allow_unfetched``: the snapshot may still be missing (a download
     comes first)."""
     return vllm_service_checks.host_problems(settings, facts, gpus or {}, allow_unfetched=allow_unfetched)
+
+
+def vllm_service_settings(inputs, read=None):
+    """Every derived setting of the slot, computed once: ``inputs`` the role's variables
+    (``__vllm_service_inputs``), ``read`` what is known of the host ({service, vllm, gpus}: a
+    caller's vllm_service_read, or validate's reads; ``gpus`` may list several reads, the first
+    that ran counts)."""
+    read = read if isinstance(read, dict) else {}
+    gpus = read.get("gpus")
+    gpus = settings.pick_gpus(*gpus) if isinstance(gpus, list) else settings.pick_gpus(gpus)
+    return settings.derive(inputs, settings.facts_of(read), gpus)
+
+
+def vllm_service_layout(inputs):
+    """The slot's layout before the host is read (the layout entry point's fact, less the API key
+    file's checksum), with the refusals of the role's settings as ``problems``."""
+    return settings.layout(inputs)
 
 
 class FilterModule:
@@ -99,4 +118,6 @@ class FilterModule:
             "vllm_units_to_replace": _wrap(vllm_units_to_replace),
             "vllm_unit_problems": _wrap(vllm_unit_problems),
             "vllm_guard_env": _wrap(vllm_guard_env),
+            "vllm_service_settings": vllm_service_settings,
+            "vllm_service_layout": vllm_service_layout,
         }

@@ -137,12 +137,12 @@ def test_tasks_of_other_modules_that_touch_a_secret_run_with_no_log():
             continue
         touched = mentions({"args": task[module], "loop": task.get("loop")}, names)
         # the saved configuration's files include the API key file (vllm_service vars/main.yml)
-        if "__vllm_service_saved_files }}" in yaml.safe_dump(task.get("loop")) \
+        if "__vllm_service.saved_files }}" in yaml.safe_dump(task.get("loop")) \
                 and module in ("ansible.builtin.copy", "ansible.builtin.slurp", "ansible.builtin.fetch"):
-            touched.append("__vllm_service_saved_files (holds the API key file)")
-        if "__vllm_service_secret_path" in yaml.safe_dump(task[module]) \
+            touched.append("__vllm_service.saved_files (holds the API key file)")
+        if "__vllm_service.secret_path" in yaml.safe_dump(task[module]) \
                 and module in ("ansible.builtin.copy", "ansible.builtin.template", "ansible.builtin.slurp"):
-            touched.append("__vllm_service_secret_path")
+            touched.append("__vllm_service.secret_path")
         if touched:
             seen += 1
             if task.get("no_log") is not True:

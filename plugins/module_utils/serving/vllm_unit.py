@@ -61,8 +61,11 @@ def systemd_quote(word) -> str:
     return quoted.replace("%", "%%").replace("$", "$$")
 
 
-def systemd_exec(argv) -> str:
-    """An argv list as an ``ExecStart=`` value (the first word must be an absolute path)."""
+def systemd_exec(argv, why="") -> str:
+    """An argv list as an ``ExecStart=`` value (the first word must be an absolute path);
+    ``why``: the reason there is no argv, said when there is none."""
+    if not argv and why:
+        raise ArgsError("no vllm serve command line: %s" % why)
     if not argv or not str(argv[0]).startswith("/"):
         raise ArgsError("ExecStart needs an absolute path to the program, got %r"
                         % (argv[0] if argv else None,))

@@ -38,7 +38,7 @@ def crossings(role: str, text: str) -> list[str]:
     for other in ROLES:
         if other == role:
             continue
-        for match in re.finditer(rf"(?<![\w]){re.escape('__' + other)}_\w+", text):
+        for match in re.finditer(rf"(?<![\w]){re.escape('__' + other)}(?:_\w+|(?!\w))", text):
             found.append(f"reads {match.group(0)}, private to {other}")
         if re.search(rf"(role_path\s*\|\s*dirname\s*\)?\s*~?\s*['\"]?/{re.escape(other)}\b|roles/{re.escape(other)}/)", text):
             found.append(f"reaches into roles/{other}/ (its templates or files)")
@@ -66,6 +66,7 @@ def test_no_role_reaches_into_another(role):
 @pytest.mark.parametrize("text, found", [
     ("x: \"{{ __vllm_service_saved_dir }}\"", "private to vllm_service"),
     ("  register: __vllm_service_gpus_venv", "private to vllm_service"),
+    ("x: \"{{ __vllm_service.target.port }}\"", "private to vllm_service"),
     ("t: \"{{ role_path | dirname }}/vllm_service/templates\"", "the roles folder"),
     ("src: roles/vllm_service/templates/vllm.service.j2", "reaches into roles/vllm_service/"),
 ])

@@ -76,16 +76,19 @@ def test_normalized_entry_carries_the_defaults():
 
 def test_every_role_judges_entries_with_the_one_filter():
     """preflight, model_fetch, vllm_service and the migration's plan refuse an entry through the
-    catalog's filters (vllm_service's judge, vllm_service_checks, calls the catalog itself); no role
+    catalog's filters (vllm_service's judge, vllm_service_checks through its layout, calls the catalog
+    itself); no role
     spells a repo-id rule or the revision default of its own."""
     judges = {"preflight/tasks/validate.yml": "modelswap.vllm.catalog_refusals(",
               "model_fetch/tasks/validate.yml": "modelswap.vllm.catalog_problems(",
-              "vllm_service/tasks/validate.yml": "modelswap.vllm.vllm_service_problems",
+              "vllm_service/tasks/validate.yml": "modelswap.vllm.vllm_service_layout).problems",
               "migrate/tasks/read.yml": "modelswap.vllm.catalog_refusals("}
     for path, judge in judges.items():
         assert judge in (REPO / "roles" / path).read_text(), path
     checks = (REPO / "plugins" / "module_utils" / "serving" / "vllm_service_checks.py").read_text()
     assert "catalog.selection_problems(" in checks
+    settings = (REPO / "plugins" / "module_utils" / "serving" / "vllm_service_settings.py").read_text()
+    assert "vllm_service_checks.settings_problems(" in settings
     for path in (REPO / "roles").rglob("*.yml"):
         text = path.read_text()
         assert "default('main')" not in text and "repo_id_re" not in text, path
