@@ -127,8 +127,12 @@ def paths(i: dict) -> dict:
 
 
 def checks(i: dict, user_env) -> dict:
-    """What the role's refusals judge (vllm_service_checks.settings_problems)."""
+    """What the role's refusals judge (vllm_service_checks.settings_problems); a layer of the
+    environment that is not a mapping is judged as the environment (and refused)."""
     guard = _bool(i.get("guard_routes")) and bool(_text(i.get("api_key")))
+    if user_env is None:
+        user_env = next((layer for layer in (i.get("nccl_env"), i.get("env"))
+                         if layer is not None and not isinstance(layer, dict)), None)
     return {
         "action": i.get("action"),
         "accelerator": i.get("accelerator"),
@@ -227,16 +231,18 @@ def derive(inputs: dict, facts=None, gpus=None) -> dict:
     user_env = _user_env(i)
     settings = checks(i, user_env)
     guard = settings["render"]["guard"]
-    env = user_env
+    env, env_problem = user_env, "" if user_env is not None else "vllm_service_env and vllm_service_nccl_env must be mappings"
     if guard and user_env is not None:
         try:
             env = vllm_unit.guard_env(user_env, GUARD_DIR, i.get("open_routes"))
-        except vllm_unit.ArgsError:
-            env = None
+        except vllm_unit.ArgsError as exc:
+            env, env_problem = None, str(exc)
     out = dict(paths(i), **install(i, accel))
     snapshot = _text((facts.get("snapshot") or {}).get("path"))
     argv, argv_problem = _argv(i, entry, out["bin"], snapshot,
                                vllm_unit.GUARD_MIDDLEWARE if guard else "")
+    if env is None:     # no unit is rendered without its environment: the unit says why
+        argv, argv_problem = None, env_problem
     vllm_args = (entry or {}).get("vllm_args") or {}
     served_name = (entry or {}).get("served_model_name") or _text(i.get("model"))
     deploy_target = {

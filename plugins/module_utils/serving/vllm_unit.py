@@ -200,7 +200,10 @@ def unit_problems(settings) -> list:
     try:
         env_lines(env)
     except ArgsError as exc:
-        problems.append(str(exc))
+        problems.append("vllm_service_env / vllm_service_nccl_env: %s" % exc
+                        if not isinstance(env, dict) else str(exc))
+    if not isinstance(env, dict):
+        return problems
     if env.get("VLLM_API_KEY") is not None:
         problems.append("VLLM_API_KEY is set in vllm_service_env/vllm_service_nccl_env: the key "
                         "has a 0600 file of its own; set vllm_service_api_key instead")

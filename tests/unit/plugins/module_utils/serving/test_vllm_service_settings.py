@@ -119,10 +119,12 @@ def test_the_rollback_target_is_the_records_previous_deployment():
     ({"model": "nope"}, "refused by the role's checks"),
     ({"models": None}, "refused by the role's checks"),
     ({"port": "eighty"}, "port must be an integer"),
+    ({"open_routes": ["/v1/models"]}, "vllm_service_open_routes may name only the probes"),
+    ({"env": ["A=1"]}, "must be mappings"),
 ])
 def test_a_bad_input_leaves_none_where_it_counts_and_never_raises(over, why):
     d = s.derive(inputs(**over), FACTS, GPUS)
-    assert d["argv"] is None and why in d["argv_problem"]
+    assert d["argv"] is None and why in d["argv_problem"], d["argv_problem"]
     assert s.layout(inputs(**over))["problems"]     # the checks say it in words
 
 
@@ -147,6 +149,9 @@ def test_the_layout_refuses_what_validate_refuses():
         assert s.layout(i)["problems"] == expected
     assert s.layout(inputs())["problems"] == []
     assert s.layout(inputs(api_key=""))["problems"][0].startswith("vllm_service: vllm_service_api_key is empty")
+    # a layer of the environment that is not a mapping is refused in words, not by a traceback
+    assert "vllm_service_env / vllm_service_nccl_env: an environment must be a mapping" in \
+        s.layout(inputs(env=["A=1"]))["problems"][0]
     lay = s.layout(inputs())
     assert lay["read"] == {"unit": "vllm.service", "replaces": [], "port": 8000,
                            "record_path": "/var/lib/modelswap/deployment.json", "snapshot_path": "",
