@@ -14,6 +14,8 @@ Pure functions.
 """
 from __future__ import annotations
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
@@ -35,9 +37,8 @@ def _text(value) -> str:
 
 
 def _bool(value) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
-    return bool(value)
+    """Ansible's truth rules (the ``bool`` filter's): yes/on/1/true, any case."""
+    return boolean(value, strict=False)
 
 
 def _int(value, default=None):
@@ -223,6 +224,11 @@ def derive(inputs: dict, facts=None, gpus=None) -> dict:
     """Every derived setting of the slot. ``inputs``: the role's variables (vars/main.yml's
     __vllm_service_inputs); ``facts``: what vllm_service_info read (empty before the read);
     ``gpus``: gpu_ready's result (empty: none read)."""
+    return _derive(inputs, facts, gpus)[0]
+
+
+def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
+    """derive's dict and what the refusals judge (which holds the API key, so it is kept apart)."""
     i = inputs or {}
     facts = facts if isinstance(facts, dict) else {}
     gpus = gpus if isinstance(gpus, dict) else {}
@@ -291,7 +297,7 @@ def derive(inputs: dict, facts=None, gpus=None) -> dict:
     })
     # the files whose content a caller's read compares (the API key file is compared apart)
     out["config_files"] = [out["unit_path"], out["env_path"]] + ([out["guard_file"]["path"]] if guard else [])
-    return out
+    return out, settings
 
 
 def layout(inputs: dict) -> dict:
@@ -299,8 +305,8 @@ def layout(inputs: dict) -> dict:
     entry point's vllm_service_layout, without the API key file's checksum), with the role's
     refusals of its settings (``problems``; empty: it can deploy)."""
     i = inputs or {}
-    d = derive(i)
-    problems = vllm_service_checks.settings_problems(checks(i, _user_env(i)))
+    d, settings = _derive(i)
+    problems = vllm_service_checks.settings_problems(settings)
     read = {key: i.get(key) for key in ("unit", "replaces", "port", "record_path", "snapshot_path",
                                         "verification")}
     read["cache_dir"] = i.get("hf_cache")
