@@ -8,7 +8,7 @@ One deployed state is shared by the module, in this order (each vLLM start costs
   stopped) and the check-mode preview, all at once -> swap both to tiny-b -> a second run
   changes nothing -> gpu1 swaps to tiny-broken (and rolls back to tiny-b) while gpu2 runs
   playbooks/rollback.yml (back to tiny-a) -> the API keys appear in no output, log or file but
-  their own -> vllm_ready on its own.
+  their own -> vllm_ready on its own -> `systemctl stop` on gpu1 during a stream (vLLM drains).
 
 Read-only runs and runs on different hosts go in parallel (threads around ansible-runner): they
 wait on SSH and vLLM, and the suite must stay well under 10 minutes on this 2-core machine.
@@ -20,7 +20,10 @@ README); on GPU hosts the same assert compares them with gpu_ready's GPU count.
 from __future__ import annotations
 
 import json
+import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -116,7 +119,7 @@ def test_deploy_tiny_a_on_both_hosts(ctx):
         assert rec["vllm_version"] == "0.32.0+cpu"
         # a dedicated non-root user runs it
         show = V.unit_show(lab, host, "User", "MainPID", "KillMode")
-        assert show["User"] == "vllm" and show["KillMode"] == "control-group"
+        assert show["User"] == "vllm" and show["KillMode"] == "mixed"
         assert lab.ssh(host, "ps -o user= -p %s" % show["MainPID"]).stdout.strip() == "vllm"
 
 
@@ -142,7 +145,7 @@ def test_rendered_unit_passes_systemd_analyze_verify(ctx):
                              "644 root /etc/systemd/system/vllm.service"]
         unit = lab.ssh(host, "cat /etc/systemd/system/vllm.service").stdout
         assert unit.startswith("#\n# Ansible managed")
-        for line in ("KillMode=control-group", "Restart=on-failure", "StartLimitBurst=3",
+        for line in ("KillMode=mixed", "Restart=on-failure", "StartLimitBurst=3",
                      "TimeoutStopSec=120", "EnvironmentFile=/etc/modelswap/vllm.secret.env",
                      "ProtectSystem=strict", "NoNewPrivileges=yes", "User=vllm"):
             assert line in unit.splitlines()
@@ -366,3 +369,71 @@ def test_vllm_ready_on_a_lab_host_reports_gates_and_port_owner(ctx, tmp_path):
     assert "not 'tiny-a'" in bad["msg"]
     assert time.monotonic() - started < 60
     assert ctx.key not in run.stdout + json.dumps(run.events)
+
+
+def stream_completion(lab, host, key, model, max_tokens, seen):
+    """A streamed completion read to its end: tokens counted into ``seen`` as they arrive; returns
+    (finish_reason, the usage's completion tokens, whether [DONE] came, the error if it broke)."""
+    req = urllib.request.Request(
+        V.url(lab, host, "/v1/completions"),
+        data=json.dumps({"model": model, "prompt": "Once", "max_tokens": max_tokens, "ignore_eos": True,
+                         "stream": True, "stream_options": {"include_usage": True}}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+    finish, tokens, done = None, None, False
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                for choice in chunk.get("choices") or []:
+                    seen.append(1)
+                    finish = choice.get("finish_reason") or finish
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    except (OSError, ValueError) as exc:
+        return finish, tokens, done, repr(exc)
+    return finish, tokens, done, None
+
+
+def test_stop_during_a_stream_lets_it_finish_and_refuses_new_requests(ctx):
+    """vLLM drains on `systemctl stop` (--shutdown-timeout, KillMode=mixed): a stream in flight
+    ends normally and in full, a new request is refused, and the unit stops cleanly. (Before: the
+    stream was cut, the client hung, and systemd killed the unit after TimeoutStopSec.)"""
+    lab, host = ctx.lab, "gpu1"
+    model = V.record(lab, host)["model"]
+    t0 = V.host_epoch(lab, host)
+    seen, out = [], {}
+    reader = threading.Thread(target=lambda: out.update(
+        result=stream_completion(lab, host, ctx.key, model, 480, seen)))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(seen) < 5 and reader.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(seen) >= 5 and reader.is_alive(), "the stream did not start: %s" % out
+    lab.ssh(host, "systemctl stop --no-block vllm.service")     # SIGTERM now; the drain begins
+    try:    # while the stream drains: refused by the engine (or, once down, by the port)
+        refused = V.http(lab, host, "/v1/completions", ctx.key, {"model": model, "prompt": "Hi", "max_tokens": 2},
+                         timeout=30)
+    except urllib.error.URLError as exc:
+        refused = (None, repr(exc))
+    reader.join(90)
+    assert not reader.is_alive()
+    finish, tokens, done, error = out["result"]
+    assert (finish, tokens, done, error) == ("length", 480, True, None), (out, len(seen))
+    assert refused[0] != 200, refused
+    state = {}
+    for _ in range(120):
+        state = V.unit_show(lab, host, "ActiveState", "Result")
+        if state["ActiveState"] in ("inactive", "failed"):
+            break
+        time.sleep(0.5)
+    assert state == {"ActiveState": "inactive", "Result": "success"}, state
+    journal = V.journal_since(lab, host, t0)
+    assert "[shutdown] EngineCore: draining in-flight requests count=1" in journal, journal[-3000:]
+    assert "timed out" not in journal and "died unexpectedly" not in journal, journal[-3000:]

@@ -47,6 +47,8 @@ RESERVED = {
            "probe and the benchmark use",
     "headless": "a headless vLLM serves no API; the role serves one slot with an API server",
     "grpc": "the gRPC server replaces the HTTP API whose routes the role guards and probes",
+    "shutdown_timeout": "use vllm_service_shutdown_timeout: the unit's TimeoutStopSec "
+                        "(vllm_service_stop_timeout) is checked against the drain",
     "middleware": "the role adds its route guard (vllm_service_guard_routes); other middleware "
                   "could answer before it",
 }

@@ -160,6 +160,8 @@ def checks(i: dict, user_env) -> dict:
             "guard": guard,
             "guard_dir": GUARD_DIR,
             "open_routes": i.get("open_routes"),
+            "shutdown_timeout": i.get("shutdown_timeout", 0),
+            "stop_timeout": i.get("stop_timeout", vllm_unit.STOP_MARGIN_S),
         },
     }
 
@@ -191,7 +193,8 @@ def _argv(i: dict, entry, bin_path: str, snapshot: str, middleware: str):
         return None, "the catalog entry of %r is refused by the role's checks" % (i.get("model"),)
     try:
         return vllm_unit.serve_argv(bin_path, snapshot, entry["served_model_name"], i.get("host"),
-                                    i.get("port"), entry["vllm_args"], middleware=middleware), ""
+                                    i.get("port"), entry["vllm_args"], middleware=middleware,
+                                    shutdown_timeout=i.get("shutdown_timeout", 0)), ""
     except (vllm_unit.ArgsError, TypeError, ValueError) as exc:
         return None, str(exc)
 

@@ -26,9 +26,11 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def serve_argv(vllm_bin, model_path, served_model_name, host, port, vllm_args=None,
-               middleware=None) -> list:
+               middleware=None, shutdown_timeout=0) -> list:
     """``[vllm, serve, PATH, --host, H, --port, P, --served-model-name, N, <vllm_args>]``, and
-    ``--middleware M`` (the role's route guard) before the catalog's arguments when given."""
+    ``--middleware M`` (the role's route guard) and ``--shutdown-timeout S`` (vLLM's own drain on
+    SIGTERM: in-flight requests finish within S seconds, new ones are refused; 0 leaves vLLM's
+    default, which aborts them) before the catalog's arguments when given."""
     if not model_path or not str(model_path).startswith("/"):
         raise ArgsError("the model path must be an absolute path to the verified snapshot, got %r"
                         % (model_path,))
@@ -41,8 +43,46 @@ def serve_argv(vllm_bin, model_path, served_model_name, host, port, vllm_args=No
     if not 0 < port < 65536:
         raise ArgsError("port must be in 1..65535, got %d" % port)
     guard = ["--middleware", str(middleware)] if middleware else []
+    drain = shutdown_seconds(shutdown_timeout)
+    drain_args = ["--shutdown-timeout", str(drain)] if drain else []
     return [str(vllm_bin), "serve", str(model_path), "--host", str(host), "--port", str(port),
-            "--served-model-name", str(served_model_name)] + guard + vllm_args_argv(vllm_args)
+            "--served-model-name", str(served_model_name)] + guard + drain_args + vllm_args_argv(vllm_args)
+
+
+# Seconds vLLM's teardown may take after its drain (engine, workers, the HTTP server) before
+# systemd's TimeoutStopSec kills what is left.
+STOP_MARGIN_S = 30
+
+
+def shutdown_seconds(value) -> int:
+    """vllm_service_shutdown_timeout as whole seconds (>= 0); ArgsError otherwise."""
+    if isinstance(value, bool):
+        raise ArgsError("vllm_service_shutdown_timeout must be whole seconds >= 0, got %r" % (value,))
+    try:
+        seconds = int(str(value).strip())
+    except (TypeError, ValueError):
+        raise ArgsError("vllm_service_shutdown_timeout must be whole seconds >= 0, got %r" % (value,))
+    if seconds < 0:
+        raise ArgsError("vllm_service_shutdown_timeout must be whole seconds >= 0, got %d" % seconds)
+    return seconds
+
+
+def stop_problems(shutdown_timeout, stop_timeout) -> list:
+    """Why the unit's stop cannot let vLLM drain: the drain's seconds must be whole and >= 0, and
+    TimeoutStopSec must leave vLLM its teardown after the drain (STOP_MARGIN_S)."""
+    try:
+        drain = shutdown_seconds(shutdown_timeout)
+    except ArgsError as exc:
+        return [str(exc)]
+    try:
+        stop = int(str(stop_timeout).strip())
+    except (TypeError, ValueError):
+        return ["vllm_service_stop_timeout must be whole seconds, got %r" % (stop_timeout,)]
+    if stop < drain + STOP_MARGIN_S:
+        return ["vllm_service_stop_timeout (%d s) must be at least vllm_service_shutdown_timeout (%d s) "
+                "+ %d s: systemd kills what is left after it, and vLLM's teardown follows its drain; "
+                "raise vllm_service_stop_timeout or shorten the drain" % (stop, drain, STOP_MARGIN_S)]
+    return []
 
 
 _SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+\Z")
@@ -167,8 +207,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def unit_problems(settings) -> list:
     """What makes the role's own settings unsafe to write into the unit or its environment files,
     one sentence each (empty: safe). ``settings``: unit, replaces, user, group, home, config_dir,
-    host, hardening, env (the layers merged), and, when ``guard`` is true, guard_dir and
-    open_routes (guard_env's rules); a missing key is not checked."""
+    host, hardening, env (the layers merged), shutdown_timeout with stop_timeout (stop_problems),
+    and, when ``guard`` is true, guard_dir and open_routes (guard_env's rules); a missing key is
+    not checked."""
     problems = []
     get = settings.get
     if "unit" in settings and not (isinstance(get("unit"), str) and UNIT_RE.match(get("unit"))):
@@ -189,6 +230,8 @@ def unit_problems(settings) -> list:
                             % (key, get(key)))
     if "host" in settings and not (isinstance(get("host"), str) and HOST_RE.match(get("host"))):
         problems.append("vllm_service_host %r is not an address or host name" % (get("host"),))
+    if "shutdown_timeout" in settings:
+        problems.extend(stop_problems(get("shutdown_timeout"), get("stop_timeout")))
     for option, value in sorted((get("hardening") or {}).items(), key=lambda kv: str(kv[0])):
         if not isinstance(option, str) or not OPTION_RE.match(option):
             problems.append("vllm_service_hardening option %r is not a systemd option name"

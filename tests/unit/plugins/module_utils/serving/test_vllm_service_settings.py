@@ -26,7 +26,7 @@ def inputs(**over):
         "user": "vllm", "group": "vllm", "home": "/var/lib/vllm", "config_dir": "/etc/modelswap",
         "state_dir": "/var/lib/modelswap", "hardening": {}, "nccl_env": {"NCCL_DEBUG": "WARN"}, "env": {},
         "version": "0.32.0", "venv": "", "package": "", "wheelhouse": "", "pip_index_url": "",
-        "requirements_file": "", "pip_extra_args": "",
+        "requirements_file": "", "pip_extra_args": "", "shutdown_timeout": 60, "stop_timeout": 120,
     }
     base.update(over)
     return base
@@ -96,6 +96,16 @@ def test_the_deploy_target_serves_the_read_snapshot_behind_the_route_guard():
     assert [u["unit"] for u in d["replaced_todo"]] == ["old.service"]
 
 
+def test_vllm_drains_within_the_units_stop():
+    argv = s.derive(inputs(), FACTS, GPUS)["argv"]
+    assert argv[argv.index("--shutdown-timeout") + 1] == "60"
+    assert "--shutdown-timeout" not in s.derive(inputs(shutdown_timeout=0), FACTS, GPUS)["argv"]
+    # a drain systemd would cut short is refused before anything is rendered
+    problems = s.layout(inputs(shutdown_timeout=100, stop_timeout=120))["problems"]
+    assert len(problems) == 1 and "vllm_service_stop_timeout (120 s) must be at least " \
+        "vllm_service_shutdown_timeout (100 s) + 30 s" in problems[0], problems
+
+
 def test_without_a_key_there_is_no_guard_and_the_operator_env_wins():
     d = s.derive(inputs(api_key="", env={"NCCL_DEBUG": None, "X": "1"}), FACTS, GPUS)
     assert not d["guard"] and "--middleware" not in d["argv"] and "PYTHONPATH" not in d["env"]
@@ -121,6 +131,7 @@ def test_the_rollback_target_is_the_records_previous_deployment():
     ({"port": "eighty"}, "port must be an integer"),
     ({"open_routes": ["/v1/models"]}, "vllm_service_open_routes may name only the probes"),
     ({"env": ["A=1"]}, "must be mappings"),
+    ({"shutdown_timeout": "1m"}, "vllm_service_shutdown_timeout must be whole seconds"),
 ])
 def test_a_bad_input_leaves_none_where_it_counts_and_never_raises(over, why):
     d = s.derive(inputs(**over), FACTS, GPUS)

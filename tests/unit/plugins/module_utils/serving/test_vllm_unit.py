@@ -100,6 +100,33 @@ def test_serve_argv_refused(path, name, port, message):
         vllm_unit.serve_argv(VLLM, path, name, "0.0.0.0", port, {})
 
 
+@pytest.mark.parametrize("drain, words", [
+    (60, ["--shutdown-timeout", "60"]),
+    ("45", ["--shutdown-timeout", "45"]),
+    (0, []),        # vLLM's default (abort in-flight requests): the flag is left out
+])
+def test_serve_argv_drain_before_the_catalogs_arguments(drain, words):
+    argv = vllm_unit.serve_argv(VLLM, SNAP, "m", "0.0.0.0", 8000, {"max_model_len": 512},
+                                middleware="g.M", shutdown_timeout=drain)
+    assert argv == [VLLM, "serve", SNAP, "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "m",
+                    "--middleware", "g.M"] + words + ["--max-model-len", "512"]
+
+
+@pytest.mark.parametrize("drain", [-1, "x", None, True, 1.5])
+def test_serve_argv_refuses_a_drain_that_is_not_whole_seconds(drain):
+    with pytest.raises(vllm_unit.ArgsError, match="vllm_service_shutdown_timeout must be whole seconds"):
+        vllm_unit.serve_argv(VLLM, SNAP, "m", "0.0.0.0", 8000, {}, shutdown_timeout=drain)
+
+
+@pytest.mark.parametrize("drain, stop, ok", [
+    (60, 120, True), (90, 120, True), (91, 120, False), (0, 30, True), (0, 29, False), ("60", "120", True)])
+def test_stop_leaves_room_for_the_drain_and_the_teardown(drain, stop, ok):
+    problems = vllm_unit.stop_problems(drain, stop)
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert "must be at least vllm_service_shutdown_timeout (%d s) + 30 s" % int(drain) in problems[0]
+
+
 @pytest.mark.parametrize("word, quoted", [
     ("/opt/x/bin/vllm", "/opt/x/bin/vllm"),
     ("--max-model-len", "--max-model-len"),
