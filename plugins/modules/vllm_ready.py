@@ -307,6 +307,21 @@ monotonic:
     unit's C(*TimestampMonotonic) values (microseconds).
   returned: always
   type: float
+startup:
+  description:
+    - Where the start went, from vLLM's own log lines in the unit's journal - C(milestones) (seconds
+      after the main process started), C(phases) (seconds each - C(imports_and_config_s),
+      C(engine_and_workers_s), C(weights_s), C(engine_init_s) (memory profile, KV cache,
+      compilation, graph capture, warm-up), C(api_server_s), C(first_token_s)), C(reported)
+      (what vLLM printed itself - C(weights_s), C(engine_init_s), C(compile_s), C(graph_capture_s))
+      and C(total_s) (main process start to ready).
+    - A phase whose log line is missing is left out.
+  returned: state=ready with O(unit), when the unit started at most 60 s before the wait began
+  type: dict
+  sample: {"phases": {"imports_and_config_s": 15.61, "engine_and_workers_s": 8.02, "weights_s": 0.11,
+           "engine_init_s": 2.43, "api_server_s": 0.51, "first_token_s": 0.61},
+           "reported": {"weights_s": 0.01, "engine_init_s": 1.94}, "total_s": 27.28,
+           "milestones": {"process_started": 0.0, "engine_configured": 15.606, "ready": 27.284}}
 journal:
   description: The unit's recent journal lines (since the wait began or the unit last started).
   returned: when not ready and O(unit) is given

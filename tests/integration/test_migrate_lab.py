@@ -252,6 +252,7 @@ def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connection
         record = out["records"][host]
         assert record["outcome"] == "migrated" and record["swap"]["replaced_model"] == "tiny-a"
         assert record["swap"]["downtime_s"] > 0 and record["fetch"]["verified"] is True
+        assert record["swap"]["startup_phases"]["weights_s"] >= 0 and record["swap"]["startup_reported"]["weights_s"] >= 0
         assert record["benchmark"] and Path(record["benchmark"]["report"]).exists()
         # the preview's numbers are what the run did
         planned = {s["step"]: s for s in story["preview"][host]["steps"]}
@@ -261,7 +262,9 @@ def test_3_migrating_one_host_at_a_time_keeps_one_serving_through_cut_connection
         assert on_disk["outcome"] == "migrated"
         assert record["lb"]["drained"] and record["lb"]["rejoined"], record["lb"]
         assert 0 < record["lb"]["seconds_out"] < 600 and record["lb"]["seconds_out"] >= record["swap"]["downtime_s"]
-    assert "| gpu1 | tiny-b | migrated |" in Path(out["run_dir"], "summary.md").read_text()
+    summary_md = Path(out["run_dir"], "summary.md").read_text()
+    assert "| gpu1 | tiny-b | migrated |" in summary_md
+    assert "Where each swap's start went" in summary_md and "- gpu1: " in summary_md and " weights " in summary_md
     cuts = [r for r in lab.hub.requests() if any(f.startswith("cut#") for f in r.get("faults") or [])]
     assert cuts, "the Hub never cut a connection"
 

@@ -266,6 +266,13 @@ def test_swap_to_tiny_b(ctx):
         # downtime = old stopping -> new ready; vLLM's own start is most of it
         assert out["downtime_s"] >= out["start_to_ready_s"] > 0
         assert out["downtime_s"] - out["start_to_ready_s"] < 30
+        # and where the start went, from vLLM's own lines: every phase, adding up to the whole
+        startup = out["startup"]
+        assert list(startup["phases"]) == ["imports_and_config_s", "engine_and_workers_s", "weights_s",
+                                           "engine_init_s", "api_server_s", "first_token_s"], startup
+        assert abs(sum(startup["phases"].values()) - startup["total_s"]) < 0.1, startup
+        assert abs(startup["total_s"] - out["start_to_ready_s"]) < 3, (startup, out["start_to_ready_s"])
+        assert set(startup["reported"]) == {"weights_s", "engine_init_s"}     # enforce_eager: no compile
 
 
 def test_second_run_reports_no_changes(ctx):

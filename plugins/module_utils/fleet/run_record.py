@@ -98,7 +98,9 @@ def run_record(inputs: RecordInputs) -> dict:
                   "files_downloaded": dig(fetch, "files_downloaded"), "seconds": dig(fetch, "seconds"),
                   "mb_per_s": dig(fetch, "mb_per_s"), "verified": dig(fetch, "verification", "ok")},
         "swap": {"swapped": bool(dig(service, "swapped")), "replaced_model": dig(service, "replaced_model"),
-                 "downtime_s": dig(service, "downtime_s"), "start_to_ready_s": dig(service, "start_to_ready_s")},
+                 "downtime_s": dig(service, "downtime_s"), "start_to_ready_s": dig(service, "start_to_ready_s"),
+                 "startup_phases": dig(service, "startup", "phases"),
+                 "startup_reported": dig(service, "startup", "reported")},
         # the load balancer: out of the pool from the drain to the rejoin (lb_pool_results)
         "lb": ({"drained": bool(dig(lb, "drain", "changed")), "rejoined": bool(dig(lb, "rejoin", "changed")),
                 "pool": dig(lb, "drain", "pool"), "in_flight_at_start": dig(lb, "drain", "in_flight_at_start"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_startup
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_gates import GateError, read_in_flight, wait_ready
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_unit_state import (
     JOURNAL_SCAN, ReadyError, describe_listener, foreign_listeners, journal_errors, port_listeners, unit_problem,
@@ -210,13 +211,26 @@ def wait_until_stopped(params: dict, unit, budget: dict, *, clock=time.monotonic
                     "again." % (format_seconds(result["elapsed"]), result["last_error"]))
 
 
+# A unit started this long before the wait began counts as the start the wait is for (the swap
+# starts the unit, then waits).
+STARTED_BEFORE_WAIT_S = 60
+
+
+def unit_started_epoch(unit_state: dict, now_epoch: float, now_monotonic: float):
+    """Epoch seconds the unit's main process started (its monotonic start -> epoch), or None."""
+    start_us = int(unit_state.get("ExecMainStartTimestampMonotonic") or 0)
+    if not start_us:
+        return None
+    return now_epoch - (now_monotonic - start_us / 1e6)
+
+
 def journal_since(started_epoch: float, unit_state: dict, now_epoch: float, now_monotonic: float) -> float:
     """Epoch seconds the failure's journal starts at: the wait's start, or the unit's last start
     (monotonic microseconds -> epoch) when that is later; a second early for rounding."""
     since = started_epoch - 1
-    start_us = int(unit_state.get("ExecMainStartTimestampMonotonic") or 0)
-    if start_us:
-        since = max(since, now_epoch - (now_monotonic - start_us / 1e6) - 1)
+    unit_start = unit_started_epoch(unit_state, now_epoch, now_monotonic)
+    if unit_start is not None:
+        since = max(since, unit_start - 1)
     return since
 
 
@@ -278,6 +292,12 @@ def wait_until_ready(params: dict, unit, budget: dict, *, clock=time.monotonic, 
     if unit:
         result["unit_state"] = unit.show()
     if outcome["ready"]:
+        if unit:
+            started = unit_started_epoch(result["unit_state"], epoch(), clock())
+            if started is not None and started >= started_epoch - STARTED_BEFORE_WAIT_S:
+                # a start this wait saw: where its time went (the journal since the start)
+                lines = unit.journal(started - 1, JOURNAL_SCAN, output="short-unix")
+                result["startup"] = vllm_startup.startup_phases(lines, started, ready_epoch=epoch())
         return result, None
     if unit:
         since = journal_since(started_epoch, result.get("unit_state", {}), epoch(), clock())

@@ -94,8 +94,9 @@ class UnitReader:
                              % (self.name, rc, err.strip()))
         return parse_systemctl_show(out)
 
-    def journal(self, since_epoch, lines=JOURNAL_SCAN) -> list:
-        """The unit's newest ``lines`` journal lines since ``since_epoch``, oldest first.
+    def journal(self, since_epoch, lines=JOURNAL_SCAN, output="short-iso") -> list:
+        """The unit's newest ``lines`` journal lines since ``since_epoch``, oldest first
+        (``output``: journalctl's format; ``short-unix`` starts each line with epoch seconds).
 
         (With --since, journalctl's --lines counts from the start of the range; --reverse makes
         it keep the newest.)
@@ -104,7 +105,7 @@ class UnitReader:
             return []
         rc, out, _err = self.commands.run(
             [self.journalctl, "--unit", self.name, "--since", "@%d" % int(since_epoch),
-             "--reverse", "--lines", str(lines), "--no-pager", "--output", "short-iso", "--quiet"])
+             "--reverse", "--lines", str(lines), "--no-pager", "--output", output, "--quiet"])
         return out.splitlines()[::-1] if rc == 0 else []
 
 

@@ -309,6 +309,42 @@ def test_wait_until_ready_failure_reads_the_journal_since_the_units_start():
                        "RuntimeError: CUDA out of memory")
 
 
+# a start's milestones, as journalctl --output short-unix gives them (newest first, --reverse)
+STARTUP_NEWEST_FIRST = """1767348030.50 host vllm[812]: (APIServer pid=812) INFO [entry.py:140] Starting vLLM server on http://0.0.0.0:8000
+1767348028.00 host vllm[830]: (EngineCore pid=830) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 2.00 s
+1767348026.00 host vllm[840]: (Worker pid=840) INFO [default_loader.py:501] Loading weights took 0.50 seconds
+1767348025.00 host vllm[840]: (Worker pid=840) INFO [cpu_model_runner.py:68] Starting to load model /snap...
+1767348015.00 host vllm[830]: (EngineCore pid=830) INFO [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: x
+1767348000.00 host systemd[1]: Started vllm.service - vLLM serving m.
+"""
+
+
+@pytest.mark.parametrize("wait_began, reads", [
+    (1767347990.0, True),      # the unit started 10 s after the wait began: the swap's own start
+    (1767348100.0, False),     # it started 100 s before: a server already running is only probed
+])
+def test_a_ready_wait_after_a_start_says_where_the_start_went(wait_began, reads):
+    systemd = FakeSystemd(journal=STARTUP_NEWEST_FIRST)
+    clock = FakeClock()
+    clock.now = 1031.0        # the unit started at monotonic 1000 s, 31 s ago
+    epochs = iter([wait_began, 1767348031.0, 1767348031.0])
+    reader = vllm_unit_state.UnitReader(systemd.commands(), "vllm.service")
+    result, failure = vllm_ready.wait_until_ready(
+        params(), reader, {"seconds": 60.0}, clock=clock, sleep=clock.sleep,
+        epoch=lambda: next(epochs), listeners_on=lambda port: [LISTENER], walk_gates=lambda **kw: outcome(True))
+    assert failure is None
+    journal_calls = [argv for argv, _env in systemd.calls if argv[0].endswith("journalctl")]
+    if not reads:
+        assert journal_calls == [] and "startup" not in result
+        return
+    [argv] = journal_calls
+    assert argv[argv.index("--since") + 1] == "@1767347999" and argv[argv.index("--output") + 1] == "short-unix"
+    assert result["startup"]["phases"] == {"imports_and_config_s": 15.0, "engine_and_workers_s": 10.0,
+                                           "weights_s": 1.0, "engine_init_s": 2.0, "api_server_s": 2.5,
+                                           "first_token_s": 0.5}
+    assert result["startup"]["total_s"] == 31.0 and result["startup"]["reported"]["weights_s"] == 0.5
+
+
 def test_wait_until_ready_soft_failure_has_no_message():
     result, failure = vllm_ready.wait_until_ready(
         params(unit=None, fail_when_not_ready=False), None, {"seconds": 1.0}, listeners_on=lambda port: [],
