@@ -85,4 +85,3 @@ def startup_phases(lines, started_epoch, ready_epoch=None) -> dict:
             phases[name] = round(at[end] - at[begin], 2)
     return {"milestones": at, "phases": phases, "reported": reported,
             "total_s": at.get("ready")}
-
