@@ -293,11 +293,12 @@ def wait_until_ready(params: dict, unit, budget: dict, *, clock=time.monotonic, 
         result["unit_state"] = unit.show()
     if outcome["ready"]:
         if unit:
-            started = unit_started_epoch(result["unit_state"], epoch(), clock())
+            ready_epoch = epoch()
+            started = unit_started_epoch(result["unit_state"], ready_epoch, clock())
             if started is not None and started >= started_epoch - STARTED_BEFORE_WAIT_S:
                 # a start this wait saw: where its time went (the journal since the start)
                 lines = unit.journal(started - 1, JOURNAL_SCAN, output="short-unix")
-                result["startup"] = vllm_startup.startup_phases(lines, started, ready_epoch=epoch())
+                result["startup"] = vllm_startup.startup_phases(lines, started, ready_epoch=ready_epoch)
         return result, None
     if unit:
         since = journal_since(started_epoch, result.get("unit_state", {}), epoch(), clock())
