@@ -347,8 +347,10 @@ class SnapshotJob:
                        "checking access to %s of %s@%s" % (path, self.repo_id, self.commit[:12]))
 
     # ---------------------------------------------------------------- the work
-    def execute(self, plan: dict) -> dict:
-        """Download and verify under the repository lock; returns what happened."""
+    def execute(self, plan: dict, settle=None) -> dict:
+        """Download and verify under the repository lock; returns what happened. ``settle(out)``
+        runs before the lock is released (the manifest is written there): a run waiting for the
+        lock must find this one's manifest, not its files without one."""
         layout = self.layout
         problem = writable_problem(layout.root, probe=True)
         if problem:
@@ -365,7 +367,10 @@ class SnapshotJob:
         lock = self.lock_repository()
         self.timings["lock_s"] = time.monotonic() - started
         try:
-            return self._execute_locked(plan)
+            out = self._execute_locked(plan)
+            if settle is not None:
+                out["settled"] = settle(out)
+            return out
         finally:
             lock.release()
 

@@ -254,15 +254,18 @@ def _apply(job, params, plan, result, before_manifest, diff, warn) -> bool:
     if params["offline"] and plan["fetch"]:
         raise hf_errors.FetchError(offline_message(params["repo_id"], job.commit, layout.root, plan["fetch"]),
                                    "offline")
-    changed = True
-    try:
-        out = job.execute(plan)
+
+    def settle(out):
+        """(manifest, changed), under the repository lock."""
         if out.get("noop"):    # another run completed it while this one waited for the lock
-            manifest, changed = job.manifest, False
-        elif reverify_confirmed(job, out, before_manifest, params["verify"]):
-            manifest, changed = before_manifest, bool(out["orphans_removed"])
-        else:
-            manifest = job.write_manifest(out["verified"])
+            return job.manifest, False
+        if reverify_confirmed(job, out, before_manifest, params["verify"]):
+            return before_manifest, bool(out["orphans_removed"])
+        return job.write_manifest(out["verified"]), True
+
+    try:
+        out = job.execute(plan, settle)
+        manifest, changed = out.pop("settled")
     except OSError as exc:
         raise job._fail(exc, "writing the snapshot of %s" % params["repo_id"])
     result.update(transfer_fields(out))

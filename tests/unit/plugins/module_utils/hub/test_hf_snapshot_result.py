@@ -203,9 +203,13 @@ class FakeJob(SimpleNamespace):
                 "verification": {"mode": "full", "ok": plan["noop"], "source": "pending",
                                  "verified_at": None}}
 
-    def execute(self, plan):
+    def execute(self, plan, settle=None):
         self._step("execute")
-        return self._out
+        out = dict(self._out)
+        if settle is not None:
+            out["settled"] = settle(out)
+            self.calls.append("released")
+        return out
 
     def write_manifest(self, verified):
         self._step("write_manifest")
@@ -263,7 +267,8 @@ def test_run_applies_writes_the_manifest_and_warns_about_leftovers():
     the_job = FakeJob(FETCH, dict(OUT, orphans_busy=["y.incomplete"]))
     the_job.layout.extra_files = lambda wanted: ["stale.bin"]
     changed, result, warnings = run(the_job, verify_workers=3)
-    assert changed is True and the_job.calls == ["setup", "plan", "execute", "write_manifest"]
+    # the manifest is written before the repository lock is released
+    assert changed is True and the_job.calls == ["setup", "plan", "execute", "write_manifest", "released"]
     assert result["files_downloaded"] == 2 and result["orphans_removed"] == ["x.incomplete"]
     assert result["extra_files"] == ["stale.bin"] and len(warnings) == 2
     assert result["verification"]["workers"] == 3 and result["mb_per_s"] == 2.0
