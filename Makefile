@@ -68,10 +68,10 @@ collection-check: venv ## the built collection as a reviewer takes it: changelog
 	cd build/sanity/ansible_collections/modelswap/vllm && PATH=$(abspath $(BIN)):$$PATH $(abspath $(BIN))/antsibull-docs lint-collection-docs --plugin-docs .
 
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
-	$(PYTEST) -m "unit or hub" -q
+	$(PYTEST) -m "unit or hub" -q --durations=15
 
 test-lab: lab-up ## tests on the lab's hosts (real systemd, SSH, vLLM)
-	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "lab or vllm" -q
+	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "lab or vllm" -q --durations=15
 
 test: venv deps ## everything: lint, unit, hub, lab (what CI runs)
 	$(MAKE) lint
