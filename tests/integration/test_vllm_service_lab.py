@@ -6,9 +6,15 @@ One deployed state is shared by the module, in this order (each vLLM start costs
 
   deploy tiny-a on both hosts -> bad inputs on gpu1 (each fails before the old service is
   stopped) and the check-mode preview, all at once -> swap both to tiny-b -> a second run
-  changes nothing -> gpu1 swaps to tiny-broken (and rolls back to tiny-b) while gpu2 runs
-  playbooks/rollback.yml (back to tiny-a) -> the API keys appear in no output, log or file but
-  their own -> vllm_ready on its own -> `systemctl stop` on gpu1 during a stream (vLLM drains).
+  changes nothing -> gpu1 swaps to tiny-broken (and rolls back to tiny-b), then to tiny-a-drifted
+  (it serves, fails the quality gate against tiny-a's reference and rolls back to tiny-b), while
+  gpu2 runs playbooks/rollback.yml (back to tiny-a) -> the API keys appear in no output, log or
+  file but their own -> vllm_ready on its own -> `systemctl stop` on gpu1 during a stream (vLLM
+  drains).
+
+The catalog has the quality gate on tiny-a and tiny-b (defaults) and on tiny-a-drifted (compared
+with tiny-a's reference); the references go to a folder of this module's own, so the first
+deployment of each records it.
 
 Read-only runs and runs on different hosts go in parallel (threads around ansible-runner): they
 wait on SSH and vLLM, and the suite must stay well under 10 minutes on this 2-core machine.
@@ -37,16 +43,19 @@ STOP_TASK = "Stop the old service (its whole control group)"
 
 
 class Ctx:
-    def __init__(self, lab):
+    def __init__(self, lab, quality_dir):
         self.lab = lab
         self.key = V.new_api_key()
         self.keys = [self.key]
         self.runs = []
         self.started = {h: V.host_epoch(lab, h) for h in HOSTS}
+        self.quality_dir = quality_dir
 
     def run(self, model, *, playbook=V.DEPLOY, limit="gpu1,gpu2", check=False, diff=False,
             key=None, **extra):
         extra.setdefault("modelswap_serve", model)
+        extra.setdefault("modelswap_models", V.catalog(self.lab, quality=True))
+        extra.setdefault("vllm_service_quality_dir", str(self.quality_dir))
         result = self.lab.playbook(playbook, V.role_vars(self.lab, key or self.key, **extra),
                                    limit=limit, check=check, diff=diff)
         self.runs.append(result)
@@ -89,10 +98,10 @@ def sums(lab, host):
 
 
 @pytest.fixture(scope="module")
-def ctx(lab):
+def ctx(lab, tmp_path_factory):
     for host in HOSTS:
         V.reset_host(lab, host)
-    c = Ctx(lab)
+    c = Ctx(lab, tmp_path_factory.mktemp("quality"))
     V.prepare(lab, HOSTS, c.key)      # vLLM from the wheelhouse, models via model_fetch
     c.first = c.run("tiny-a", diff=True)
     yield c
@@ -121,6 +130,16 @@ def test_deploy_tiny_a_on_both_hosts(ctx):
         show = V.unit_show(lab, host, "User", "MainPID", "KillMode")
         assert show["User"] == "vllm" and show["KillMode"] == "mixed"
         assert lab.ssh(host, "ps -o user= -p %s" % show["MainPID"]).stdout.strip() == "vllm"
+        # the quality gate ran with nothing to compare yet (both hosts started at once)
+        quality = out["quality"]
+        assert quality["passed"] is True and quality["reference"] is None and quality["checks"] == []
+        assert quality["vllm_version"] == "0.32.0"          # what GET /version says
+    # ... and one of them recorded tiny-a's reference, never overwritten by the other
+    reference = json.loads((ctx.quality_dir / "tiny-a.json").read_text())
+    assert reference["host"] in HOSTS and reference["commit"] == lab.models["tiny-a"]["commit"]
+    assert reference["vllm_version"] == "0.32.0" and len(reference["answers"]) == 4
+    assert all(len(a["tokens"]) == len(a["logprobs"]) > 0 for a in reference["answers"])
+    ctx.tiny_a_reference = (ctx.quality_dir / "tiny-a.json").read_bytes()
 
 
 def test_the_served_api_requires_the_key(ctx):
@@ -273,6 +292,8 @@ def test_swap_to_tiny_b(ctx):
         assert abs(sum(startup["phases"].values()) - startup["total_s"]) < 0.1, startup
         assert abs(startup["total_s"] - out["start_to_ready_s"]) < 3, (startup, out["start_to_ready_s"])
         assert set(startup["reported"]) == {"weights_s", "engine_init_s"}     # enforce_eager: no compile
+        assert out["quality"]["passed"] is True
+    assert json.loads((ctx.quality_dir / "tiny-b.json").read_text())["commit"] == lab.models["tiny-b"]["commit"]
 
 
 def test_second_run_reports_no_changes(ctx):
@@ -285,6 +306,7 @@ def test_second_run_reports_no_changes(ctx):
         out = ctx.outcome(run, host)
         assert out["swapped"] is False and set(out["gates"]) == {"port", "health", "models", "completion"}
         assert main_pid(lab, host) == pids[host]
+        assert out["quality"] is None         # recorded and unchanged: no new answers to check
 
 
 @pytest.fixture(scope="module")
@@ -298,12 +320,15 @@ def late_runs(ctx):
         check = ctx.run("tiny-a", playbook=V.ROLLBACK, limit="gpu2", check=True, diff=True)
         serving = V.served_names(lab, "gpu2", ctx.key)
         return check, serving, ctx.run("tiny-a", playbook=V.ROLLBACK, limit="gpu2")
-    return parallel(broken=lambda: ctx.run("tiny-broken", limit="gpu1"), rollback=rollback_gpu2)
+    def broken_then_drifted_gpu1():
+        broken = ctx.run("tiny-broken", limit="gpu1")
+        return broken, ctx.run("tiny-a-drifted", limit="gpu1")
+    return parallel(broken=broken_then_drifted_gpu1, rollback=rollback_gpu2)
 
 
 def test_swap_to_a_model_that_fails_rolls_back(ctx, late_runs):
     lab = ctx.lab
-    run = late_runs["broken"]
+    run = late_runs["broken"][0]
     assert run.rc != 0 and run.failed("gpu1") == 1 and "gpu2" not in run.stats.get("processed", {})
     task, msg = ctx.failure(run, "gpu1")
     assert task == "Fail the host - the swap failed and was rolled back", (task, msg)
@@ -315,6 +340,32 @@ def test_swap_to_a_model_that_fails_rolls_back(ctx, late_runs):
     assert lab.ssh("gpu1", "cat /etc/systemd/system/vllm.service").stdout == ctx.unit_before_broken
     rec = V.record(lab, "gpu1")
     assert rec["model"] == "tiny-b" and rec["previous"]["model"] == "tiny-a"
+
+
+def test_a_model_that_answers_otherwise_fails_the_quality_gate_and_rolls_back(ctx, late_runs):
+    lab = ctx.lab
+    run = late_runs["broken"][1]
+    assert run.rc != 0 and run.failed("gpu1") == 1
+    task, msg = ctx.failure(run, "gpu1")
+    assert task == "Fail the host - the swap failed and was rolled back", (task, msg)
+    # it started and passed the readiness gates: only its answers gave it away
+    gates = [r for r in run.task_results("Wait until the new server serves (port, /health, /v1/models, a one-token "
+                                         "completion)", "gpu1") if r["_event"] == "runner_on_ok"]
+    assert gates and gates[0]["ready"] is True
+    assert ("deploy of 'tiny-a-drifted' FAILED at Check the new server's answers against its catalog entry's "
+            "reference (the quality gate): quality gate failed against the reference recorded on ") in msg
+    assert "from lab/tiny-a@%s (vLLM 0.32.0)" % lab.models["tiny-a"]["commit"][:12] in msg
+    assert "token agreement " in msg and "< 0.75 (prompt " in msg, msg
+    assert "Rolled back: 'tiny-b' serves again on port %d" % V.PORT in msg
+    failed = [r for r in run.task_results("Check the new server's answers against its catalog entry's reference "
+                                          "(the quality gate)", "gpu1") if r["_event"] == "runner_on_failed"]
+    checks = {c["check"]: c for c in failed[0]["checks"]}
+    assert checks["token_agreement"]["passed"] is False and checks["token_agreement"]["value"] < 0.75
+    assert V.served_names(lab, "gpu1", ctx.key) == ["tiny-b"]
+    assert V.record(lab, "gpu1")["model"] == "tiny-b"
+    # the reference it was compared with is tiny-a's, untouched; the failed model recorded none
+    assert (ctx.quality_dir / "tiny-a.json").read_bytes() == ctx.tiny_a_reference
+    assert not (ctx.quality_dir / "tiny-a-drifted.json").exists()
 
 
 def test_rollback_playbook_returns_to_the_previous_model(ctx, late_runs):

@@ -24,14 +24,20 @@ RECORD = "/var/lib/modelswap/deployment.json"
 CPU_ARGS = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True}
 
 
-def catalog(lab) -> dict:
-    """The lab's catalog: tiny-a, tiny-b (good), tiny-broken (exits at start), and a TP=2 entry."""
+def catalog(lab, quality: bool = False) -> dict:
+    """The lab's catalog: tiny-a, tiny-b (good), tiny-broken (exits at start), tiny-a-drifted
+    (serves, answers otherwise than tiny-a) and a TP=2 entry. With ``quality``, tiny-a and tiny-b
+    have the quality gate with its defaults and tiny-a-drifted is compared with tiny-a's reference."""
     models = {}
-    for name in ("tiny-a", "tiny-b", "tiny-broken"):
+    for name in ("tiny-a", "tiny-b", "tiny-broken", "tiny-a-drifted"):
         models[name] = {"repo_id": lab.models[name]["repo_id"], "revision": lab.models[name]["commit"],
                         "served_model_name": name, "vllm_args": dict(CPU_ARGS)}
     models["tiny-a-tp2"] = dict(models["tiny-a"], served_model_name="tiny-a-tp2",
                                 vllm_args=dict(CPU_ARGS, tensor_parallel_size=2))
+    if quality:
+        for name in ("tiny-a", "tiny-b"):
+            models[name]["quality"] = {}
+        models["tiny-a-drifted"]["quality"] = {"reference": "tiny-a"}
     return models
 
 
@@ -49,7 +55,8 @@ def role_vars(lab, api_key: str, **extra) -> dict:
         "vllm_service_host": "{{ ansible_host }}",
         "vllm_service_wheelhouse": "{{ modelswap_lab_wheelhouse }}",
         "vllm_service_requirements_file": "{{ modelswap_lab_wheelhouse }}/requirements.lock",
-        "vllm_service_env": {"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        # no C++ compiler on the hosts: torch.compile runs eager (docs/vllm-operations.md, "vLLM on CPU")
+        "vllm_service_env": {"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"},
         "vllm_service_ready_poll": 1,
         # the lab inventory pins cpu; auto exercises gpu_ready's "no NVIDIA GPU" answer
         "vllm_service_accelerator": "auto",

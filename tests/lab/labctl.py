@@ -849,6 +849,11 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
             problems = healthy(lab, state)
         if not problems and sorted(state["hosts"]) == sorted(lab.hosts):
             preflight(lab, reuse=True)
+            from tests.lab.models.make_models import MODELS
+            if sorted(state.get("models") or {}) != sorted(MODELS):
+                # a lab built before a model was added: publish it on the running Hub
+                state["models"] = publish_models(lab)
+                save_state(lab, state)
             write_inventory(lab, state)
             log(f"reusing the running lab '{lab.name}': {', '.join(lab.hosts)}")
             return

@@ -108,6 +108,19 @@ def test_broken_model_is_valid_but_has_one_wrong_shape(built):
     assert wrong == {"model.layers.1.mlp.down_proj.weight": ((256, 128), (128, 256))}
 
 
+def test_drifted_model_is_tiny_a_but_for_noise_in_lm_head(built):
+    from safetensors.numpy import load_file
+
+    folder, good = built["tiny-a-drifted"], built["tiny-a"]
+    assert (folder / "config.json").read_text() == (good / "config.json").read_text()
+    assert (folder / "model.safetensors").stat().st_size == (good / "model.safetensors").stat().st_size
+    drifted, original = load_file(str(folder / "model.safetensors")), load_file(str(good / "model.safetensors"))
+    changed = sorted(n for n in original if not (drifted[n] == original[n]).all())
+    assert changed == ["lm_head.weight"]
+    # noise of the weights' own size: every logit moves, so greedy answers go another way
+    assert 0.015 < float((drifted["lm_head.weight"] - original["lm_head.weight"]).std()) < 0.025
+
+
 def test_tokenizer_round_trip_and_specials(built):
     folder = built["tiny-a"]
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))

@@ -11,6 +11,7 @@ A catalog (``modelswap_models``) maps a name to an entry::
       vllm_args: {tensor_parallel_size: 8}
       allow_patterns: ["*.safetensors"]  # optional globs of the download
       ignore_patterns: []
+      quality: {}                        # optional: the quality gate (common/quality_settings.py)
 
 Every role (preflight, model_fetch, model_purge, vllm_service, migrate's preview) and every
 module reads entries through here (filters ``catalog_problems`` and ``catalog_entry`` in
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.quality_settings import quality_problems, quality_settings
 
 DEFAULT_REVISION = "main"
 # The full-string rules (\Z, not $: "$" also matches before a trailing newline).
@@ -36,7 +38,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@-]{0,127}\Z")
 SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,255}\Z")
 # A branch, tag or commit (hf_snapshot resolves it; it lands in the deployment record).
 REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}\Z")
-KEYS = ("repo_id", "revision", "served_model_name", "vllm_args", "allow_patterns", "ignore_patterns")
+KEYS = ("repo_id", "revision", "served_model_name", "vllm_args", "allow_patterns", "ignore_patterns", "quality")
 
 
 def repo_id_problem(repo_id) -> str:
@@ -68,12 +70,13 @@ def _patterns_problem(key, value) -> str:
     return "%s must be a list of glob strings such as ['*.safetensors', '*.json'], got %r" % (key, value)
 
 
-def entry_problems(name, entry) -> list:
+def entry_problems(name, entry, names=None) -> list:
     """What makes a catalog entry unusable, one sentence each (empty: usable). Every value that
     reaches the Hub, the cache, the unit file or vLLM's command line: the name (the unit's
     comment), repo_id, revision, served_model_name (``Description=``, ``--served-model-name``),
-    vllm_args (rendered once, so a reserved flag in any spelling is named here) and the
-    download's patterns."""
+    vllm_args (rendered once, so a reserved flag in any spelling is named here), the
+    download's patterns and the quality gate (whose reference must be one of ``names``, the
+    catalog's, when given)."""
     problems = []
     if not isinstance(name, str) or not NAME_RE.match(name):
         problems.append("the catalog name %r is not usable: use 1-128 letters, digits and "
@@ -101,6 +104,7 @@ def entry_problems(name, entry) -> list:
         problem = _patterns_problem(key, entry.get(key))
         if problem:
             problems.append(problem)
+    problems.extend(quality_problems(entry.get("quality"), names))
     return problems
 
 
@@ -119,7 +123,7 @@ def selection_problems(models, name, keep=()) -> list:
         problems.append("unknown model name(s) %s in modelswap_keep: the catalog has %s"
                         % (", ".join(map(str, unknown)), ", ".join(sorted(map(str, models)))))
     if name in models:
-        problems.extend(entry_problems(name, models[name]))
+        problems.extend(entry_problems(name, models[name], list(models)))
     return problems
 
 
@@ -132,7 +136,7 @@ def target_refusals(models, name, keep=()) -> list:
         return ["unknown model name %r (modelswap_serve): the catalog modelswap_models has %s; add it to the "
                 "catalog or fix modelswap_serve" % (name, names or "no models")]
     out = []
-    problems = entry_problems(name, models[name])
+    problems = entry_problems(name, models[name], list(models))
     if problems:
         out.append("catalog entry %r is invalid: %s; nothing was changed" % (name, "; ".join(problems)))
     out.extend("unknown model name %r in modelswap_keep: the catalog has %s" % (k, names)
@@ -142,8 +146,9 @@ def target_refusals(models, name, keep=()) -> list:
 
 def normalized(name, entry) -> dict:
     """The entry with its defaults: revision ``main``, served_model_name the catalog name, no
-    vllm_args; the download's patterns only when the entry has them (absent: every file). Call
-    after entry_problems found nothing."""
+    vllm_args; the download's patterns only when the entry has them (absent: every file), and the
+    quality gate's settings with their defaults only when it has one. Call after entry_problems
+    found nothing."""
     entry = entry if isinstance(entry, dict) else {}
     out = {
         "name": name,
@@ -154,4 +159,7 @@ def normalized(name, entry) -> dict:
     }
     out.update((key, entry[key]) for key in ("allow_patterns", "ignore_patterns")
                if entry.get(key) is not None)
+    quality = quality_settings(name, entry.get("quality"))
+    if quality is not None:
+        out["quality"] = quality
     return out

@@ -100,7 +100,10 @@ def run_record(inputs: RecordInputs) -> dict:
         "swap": {"swapped": bool(dig(service, "swapped")), "replaced_model": dig(service, "replaced_model"),
                  "downtime_s": dig(service, "downtime_s"), "start_to_ready_s": dig(service, "start_to_ready_s"),
                  "startup_phases": dig(service, "startup", "phases"),
-                 "startup_reported": dig(service, "startup", "reported")},
+                 "startup_reported": dig(service, "startup", "reported"),
+                 # the quality gate: passed, each check's value and limit, the reference compared with
+                 "quality": ({k: dig(service, "quality", k) for k in ("passed", "checks", "reference")}
+                             if dig(service, "quality") else None)},
         # the load balancer: out of the pool from the drain to the rejoin (lb_pool_results)
         "lb": ({"drained": bool(dig(lb, "drain", "changed")), "rejoined": bool(dig(lb, "rejoin", "changed")),
                 "pool": dig(lb, "drain", "pool"), "in_flight_at_start": dig(lb, "drain", "in_flight_at_start"),

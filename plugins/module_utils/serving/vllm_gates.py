@@ -71,6 +71,12 @@ def _request(url, *, api_key=None, body=None, timeout=10.0):
         return status, text
 
 
+def request_json(url, *, api_key=None, body=None, timeout=10.0):
+    """(status, parsed JSON or text) of a GET, or a POST of ``body``; GateError when nothing
+    answers (for other probes of the server: the quality gate's questions)."""
+    return _request(url, api_key=api_key, body=body, timeout=timeout)
+
+
 def _short(payload, limit=300):
     text = payload if isinstance(payload, str) else json.dumps(payload)
     return text if len(text) <= limit else text[:limit] + "..."

@@ -203,7 +203,8 @@ def _rollback_target(facts: dict) -> dict:
     previous = facts.get("previous") or {}
     if not isinstance(previous, dict):
         return {}
-    return dict(previous, **vllm_unit.argv_settings(previous.get("args") or []))
+    # the deployment returned to served before: it passed its gates then (no quality gate now)
+    return dict(previous, quality=None, **vllm_unit.argv_settings(previous.get("args") or []))
 
 
 def pick_gpus(*reads) -> dict:
@@ -267,6 +268,8 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
         "parallel": (entry or {}).get("parallel", 1),
         "enforce_eager": _bool(vllm_args.get("enforce_eager", False)),
         "gpu_memory_utilization": vllm_args.get("gpu_memory_utilization", 0.9),
+        # the quality gate's settings (None: the entry has no gate)
+        "quality": (entry or {}).get("quality"),
     }
     target = _rollback_target(facts) if i.get("action") == "rollback" else deploy_target
     listen = _text(target.get("host", "0.0.0.0"))

@@ -15,6 +15,9 @@ from them is stable. Only numpy, safetensors and tokenizers are needed (no torch
 - tiny-broken: tiny-a's config, valid safetensors, but one weight has the wrong shape
                (layer 1's down_proj is stored transposed): it downloads and verifies fine and
                fails at vLLM start-up, for rollback tests.
+- tiny-a-drifted: tiny-a's config and weights (same seed, same tensors, same file size), but
+               lm_head has noise added: it verifies, starts and serves like tiny-a and answers
+               differently - what the quality gate must catch.
 
 vLLM's CPU attention needs head_dim in 32..512 (docs/vllm-operations.md, "vLLM on CPU").
 """
@@ -59,6 +62,8 @@ class ModelSpec:
     vocab: int = VOCAB_SIZE
     # tensor name -> the shape it is written with instead of the one the config implies
     wrong_shapes: dict = field(default_factory=dict)
+    # tensor name -> (seed, std) of normal noise added to it after it is drawn
+    perturb: dict = field(default_factory=dict)
     note: str = ""
 
 
@@ -72,6 +77,11 @@ MODELS: dict[str, ModelSpec] = {
         seed=3003, wrong_shapes={"model.layers.1.mlp.down_proj.weight": (256, 128)},
         note="Downloads and verifies, but layer 1's down_proj weight is stored transposed "
              "([256, 128] where the config implies [128, 256]): vLLM fails to start."),
+    "tiny-a-drifted": ModelSpec(
+        "tiny-a-drifted", hidden=128, intermediate=256, layers=2, heads=4, kv_heads=2, head_dim=32,
+        seed=1001, perturb={"lm_head.weight": (4004, 0.02)},
+        note="tiny-a's weights with noise added to lm_head: it starts and serves, and answers "
+             "otherwise than tiny-a (the quality gate's drill)."),
 }
 
 
@@ -143,9 +153,12 @@ def weights(spec: ModelSpec, cfg: dict) -> dict:
             tensors[name] = np.ones(shape, dtype=np.float32)
         else:
             tensors[name] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
-    unknown = set(spec.wrong_shapes) - set(tensors)
+    unknown = (set(spec.wrong_shapes) | set(spec.perturb)) - set(tensors)
     if unknown:
-        raise ValueError(f"{spec.name}: wrong_shapes names unknown tensors {sorted(unknown)}")
+        raise ValueError(f"{spec.name}: wrong_shapes or perturb names unknown tensors {sorted(unknown)}")
+    for name, (seed, std) in sorted(spec.perturb.items()):
+        noise = np.random.default_rng(seed).standard_normal(tensors[name].shape, dtype=np.float32)
+        tensors[name] = tensors[name] + noise * np.float32(std)
     return tensors
 
 

@@ -94,6 +94,15 @@ def test_the_deploy_target_serves_the_read_snapshot_behind_the_route_guard():
     assert d["config_files"] == [d["unit_path"], d["env_path"], "/opt/modelswap/lib/python/modelswap_vllm_guard.py"]
     assert d["probe"] == "127.0.0.1"
     assert [u["unit"] for u in d["replaced_todo"]] == ["old.service"]
+    assert t["quality"] is None                 # the entry has no quality gate
+
+
+def test_the_deploy_target_carries_the_entrys_quality_gate_with_its_defaults():
+    models = {"tiny": {"repo_id": "org/tiny", "quality": {"max_tokens": 8}}, "base": {"repo_id": "org/base"}}
+    quality = s.derive(inputs(models=models), FACTS, GPUS)["target"]["quality"]
+    assert quality["max_tokens"] == 8 and quality["min_token_agreement"] == 0.75 and quality["reference"] == "tiny"
+    models["tiny"]["quality"] = {"reference": "base"}
+    assert s.derive(inputs(models=models), FACTS, GPUS)["target"]["quality"]["reference"] == "base"
 
 
 def test_vllm_drains_within_the_units_stop():
@@ -116,6 +125,7 @@ def test_without_a_key_there_is_no_guard_and_the_operator_env_wins():
 def test_the_rollback_target_is_the_records_previous_deployment():
     d = s.derive(inputs(action="rollback"), FACTS, GPUS)
     assert d["target"]["model"] == "tiny-a" and d["target"]["parallel"] == 4
+    assert d["target"]["quality"] is None      # it passed its gates when it served before
     assert d["probe"] == "10.0.0.5"     # it listened on one address: probe that one
     assert s.derive(inputs(action="rollback", probe_host="10.9.9.9"), FACTS)["probe"] == "10.9.9.9"
     assert "model" not in s.derive(inputs(action="rollback"), {})["target"]   # nothing to return to
