@@ -66,7 +66,7 @@ options:
     type: dict
     default: {}
 author:
-  - modelswap engineers
+  - modelswap engineers (@modelswap)
 """
 
 EXAMPLES = r"""

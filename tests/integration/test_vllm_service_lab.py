@@ -429,6 +429,29 @@ def test_vllm_ready_on_a_lab_host_reports_gates_and_port_owner(ctx, tmp_path):
     assert ctx.key not in run.stdout + json.dumps(run.events)
 
 
+def test_a_later_deployment_of_tiny_a_matches_its_reference(ctx, late_runs, tmp_path):
+    """gpu2 serves tiny-a again (playbooks/rollback.yml): the module on its own, with the reference
+    the first deployment recorded, finds the same answers - the comparison a later deployment of the
+    entry gets, here after another swap and a restart, possibly on the other host."""
+    lab = ctx.lab
+    reference = json.loads(ctx.tiny_a_reference)
+    play = [{"name": "vllm_quality on its own", "hosts": "gpu2", "gather_facts": False, "tasks": [
+        {"name": "Compare with tiny-a's reference", "modelswap.vllm.vllm_quality": {
+            "host": lab.address("gpu2"), "port": V.PORT, "served_model_name": "tiny-a",
+            "api_key_file": "/etc/modelswap/vllm.secret.env", "settings": {}, "reference": reference}}]}]
+    path = tmp_path / "play.yml"
+    path.write_text(json.dumps(play))
+    run = lab.playbook(str(path), limit="gpu2")
+    ctx.runs.append(run)
+    assert run.rc == 0, run.stdout[-4000:]
+    [ok] = run.task_results("Compare with tiny-a's reference", "gpu2")
+    checks = {c["check"]: c["value"] for c in ok["checks"]}
+    assert ok["passed"] is True and checks["token_agreement"] == 1.0 and checks["logprob_delta"] < 1e-3, ok["checks"]
+    assert ok["reference"]["host"] == reference["host"] and ok["changed"] is False
+    assert [a["tokens"] for a in ok["document"]["answers"]] == [a["tokens"] for a in reference["answers"]]
+    assert ctx.key not in run.stdout + json.dumps(run.events)
+
+
 def stream_completion(lab, host, key, model, max_tokens, seen):
     """A streamed completion read to its end: tokens counted into ``seen`` as they arrive; returns
     (finish_reason, the usage's completion tokens, whether [DONE] came, the error if it broke)."""

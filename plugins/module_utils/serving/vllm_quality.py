@@ -205,9 +205,9 @@ def ask(settings: dict, base: str, served_model_name: str, api_key, request, *, 
     for i, spec in enumerate(settings["prompts"]):
         left = deadline - clock()
         if left <= 0:
+            asked = (settings["timeout_s"], i, len(settings["prompts"]))
             raise QualityError("the quality gate ran out of time (timeout_s %s) after %d of %d prompts; raise "
-                               "quality.timeout_s or ask fewer tokens" % (settings["timeout_s"], i,
-                                                                        len(settings["prompts"])))
+                               "quality.timeout_s or ask fewer tokens" % asked)
         body = completion_request(served_model_name, spec["prompt"], settings["max_tokens"])
         try:
             status, payload = request(base + "/v1/completions", api_key=api_key, body=body, timeout=left)
