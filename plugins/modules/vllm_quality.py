@@ -53,9 +53,9 @@ options:
     type: dict
     required: true
   reference:
-    description: The reference fingerprint to compare with (RV(document) of a deployment that passed);
-      omitted or empty when none is recorded yet.
-    type: dict
+    description: The reference fingerprint to compare with (RV(document) of a deployment that passed), as
+      a mapping or as the text of its file; omitted or empty when none is recorded yet.
+    type: raw
   reference_path:
     description: Where the reference is kept, named in the messages that ask to remove it.
     type: str
@@ -76,7 +76,7 @@ EXAMPLES = r"""
     served_model_name: kimi-k2.5
     api_key_file: /etc/modelswap/vllm.secret.env
     settings: "{{ (modelswap_models | modelswap.vllm.catalog_entry('kimi-k2.5-int4')).quality }}"
-    reference: "{{ lookup('ansible.builtin.file', 'results/quality/kimi-k2.5-int4.json') | from_json }}"
+    reference: "{{ lookup('ansible.builtin.file', 'results/quality/kimi-k2.5-int4.json') }}"
     identity: {name: kimi-k2.5-int4, repo_id: moonshotai/Kimi-K2.5, commit: "{{ commit }}", host: "{{ inventory_hostname }}"}
   become: true
 """
@@ -140,7 +140,7 @@ def main():
             served_model_name=dict(type="str", required=True),
             api_key_file=dict(type="path"),
             settings=dict(type="dict", required=True),
-            reference=dict(type="dict"),
+            reference=dict(type="raw"),
             reference_path=dict(type="str", default=""),
             identity=dict(type="dict", default={}),
         ),
@@ -150,10 +150,11 @@ def main():
     problems = quality_problems(p["settings"])
     if problems:
         module.fail_json(msg="vllm_quality: settings: %s" % "; ".join(problems))
-    settings, reference = quality_settings(p["identity"].get("name") or "", p["settings"]), p["reference"] or None
+    settings = quality_settings(p["identity"].get("name") or "", p["settings"])
     started = time.monotonic()
     result = {"passed": False, "checks": [], "failed_checks": [], "reference": None, "vllm_version": None}
     try:
+        reference = vllm_quality.parse_reference(p["reference"], p["reference_path"])
         api_key = api_key_from_file(p["api_key_file"]) if p["api_key_file"] else None
         if api_key:
             module.no_log_values.add(api_key)

@@ -20,6 +20,8 @@ two that ask the server take the request callable (vllm_gates.request_json in th
 """
 from __future__ import annotations
 
+import json
+
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_gates import GateError
 
 FORMAT = 1
@@ -63,6 +65,24 @@ def reference_document(settings: dict, answers: list, identity: dict, *, vllm_ve
             "host": ident.get("host"), "vllm_version": vllm_version, "recorded_at": recorded_at,
             "max_tokens": int(settings["max_tokens"]), "prompts": [p["prompt"] for p in settings["prompts"]],
             "answers": answers}
+
+
+def parse_reference(raw, path: str = ""):
+    """The reference from what the caller read (the file's text, '' when there is none, or the
+    mapping itself): None without one; QualityError naming the file and the fix when it is not JSON."""
+    if raw is None or raw == "" or raw == {}:
+        return None
+    if isinstance(raw, dict):
+        return raw
+    try:
+        parsed = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise QualityError("the quality reference %s is not JSON (%s); restore it, or remove it so that the next "
+                           "deployment that passes records a new one" % (path or "given", exc))
+    if not isinstance(parsed, dict):
+        raise QualityError("the quality reference %s is not a JSON object; restore it, or remove it so that the next "
+                           "deployment that passes records a new one" % (path or "given"))
+    return parsed
 
 
 def comparable_problem(settings: dict, reference: dict, path: str = "") -> str:

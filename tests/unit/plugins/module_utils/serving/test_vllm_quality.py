@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -182,3 +183,16 @@ def test_the_version_is_a_label_never_a_failure():
     assert vllm_quality.server_version("http://h", Server((200, {"version": "0.32.0"})).request) == "0.32.0"
     assert vllm_quality.server_version("http://h", Server((404, "not found")).request) is None
     assert vllm_quality.server_version("http://h", Server(GateError("refused")).request) is None
+
+
+def test_the_reference_is_read_from_its_files_text_and_a_damaged_one_is_named():
+    doc = reference()
+    assert vllm_quality.parse_reference("", "q/tiny-a.json") is None
+    assert vllm_quality.parse_reference(None) is None and vllm_quality.parse_reference({}) is None
+    assert vllm_quality.parse_reference(doc) is doc
+    assert vllm_quality.parse_reference(json.dumps(doc), "q/tiny-a.json") == doc
+    with pytest.raises(vllm_quality.QualityError, match=r"the quality reference q/tiny-a.json is not JSON \(.*\); "
+                                                        r"restore it, or remove it so that the next deployment"):
+        vllm_quality.parse_reference('{"format": 1, "answ', "q/tiny-a.json")
+    with pytest.raises(vllm_quality.QualityError, match="is not a JSON object"):
+        vllm_quality.parse_reference("[1, 2]", "q/tiny-a.json")
