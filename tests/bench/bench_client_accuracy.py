@@ -1,4 +1,4 @@
-"""Benchmark: the load client's accuracy at the seed's scale (1,024 streams, a chunk every 256 ms
+"""Benchmark: the load client's accuracy at the ladder's top (1,024 streams, a chunk every 256 ms
 per stream: 4,000 chunks/s), against the known-timing simulator's own record.
 
     .venv/bin/python tests/bench/bench_client_accuracy.py [--concurrency 1024 512] [--attempts 5]
