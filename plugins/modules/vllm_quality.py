@@ -128,7 +128,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.quality_settings import quality_problems, quality_settings
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_quality
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_gates import request_json
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_ready import api_key_from_file
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_ready import api_key_from_file, base_url
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_unit_state import ReadyError
 
 
@@ -161,7 +161,7 @@ def main():
         problem = vllm_quality.comparable_problem(settings, reference, p["reference_path"]) if reference else ""
         if problem:
             module.fail_json(msg=problem, seconds=0.0, **result)
-        base = "http://%s:%d" % ("[%s]" % p["host"] if ":" in p["host"] else p["host"], p["port"])
+        base = base_url({"scheme": "http", "host": p["host"], "port": p["port"]})
         result["vllm_version"] = vllm_quality.server_version(base, request_json)
         answers = vllm_quality.ask(settings, base, p["served_model_name"], api_key, request_json,
                                    clock=time.monotonic, deadline=started + float(settings["timeout_s"]))

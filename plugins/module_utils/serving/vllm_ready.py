@@ -310,7 +310,8 @@ def wait_until_ready(params: dict, unit, budget: dict, *, clock=time.monotonic, 
     return result, not_ready_message(params, outcome, budget, result)
 
 
-def _base_url(params: dict) -> str:
+def base_url(params: dict) -> str:
+    """http(s)://<probe address>:<port> of the server (an IPv6 address in brackets)."""
     host = probe_host(params["host"])
     return "%s://%s:%d" % (params["scheme"], host if ":" not in host else "[%s]" % host, params["port"])
 
@@ -327,7 +328,7 @@ def wait_until_idle(params: dict, budget: dict, *, clock=time.monotonic, sleep=t
 
     Returns (result, failure message or None); the message only with fail_when_not_ready.
     """
-    base = _base_url(params)
+    base = base_url(params)
     settle = params.get("idle_settle")
     settle = 1.0 if settle is None else settle
     start = clock()
