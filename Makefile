@@ -20,7 +20,7 @@ LABCTL := $(BIN)/python -m tests.lab.labctl
 DEMO_VARS := -e vllm_service_cpu_affinity=0 -e '{"benchmark_cpu_affinity": [1]}'
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: help venv deps lab-up lab-down lab-reset lab-status lint collection-check unit test-unit test-lab test demo collection ee-context clean
+.PHONY: help venv deps lab-up lab-down lab-reset lab-status lint collection-check unit test-unit test-lab test-full test demo collection ee-context clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,7 +70,10 @@ collection-check: venv ## the built collection as a reviewer takes it: changelog
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
 	$(PYTEST) -m "unit or hub" -q --durations=15
 
-test-lab: lab-up ## tests on the lab's hosts (real systemd, SSH, vLLM)
+test-lab: lab-up ## tests on the lab's hosts (real systemd, SSH, vLLM), the fault campaign's sample
+	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "(lab or vllm) and not campaign" -q --durations=15
+
+test-full: lab-up ## the whole lab suite, every fault drill of the campaign included (about an hour)
 	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "lab or vllm" -q --durations=15
 
 test: venv deps ## everything: lint, unit, hub, lab (what CI runs)

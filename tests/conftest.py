@@ -25,6 +25,8 @@ MARKERS = {
     "hub": "tests that start the local Hub on loopback (no root needed)",
     "lab": "tests that need the running lab (systemd-nspawn hosts over SSH); run by `make test`",
     "vllm": "lab tests that start real vLLM on a lab host (about a minute each)",
+    "campaign": "lab fault drills beyond make test's sample (they share a story with the sampled tests "
+                "and run in its order): `make test-full` runs them with the rest of the lab suite",
     "repo": "tests of the repository as a whole (its layout, docs, example inventory, build), not of the built collection",
 }
 

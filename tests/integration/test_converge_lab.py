@@ -93,6 +93,7 @@ def status_lines(lab, story) -> list[str]:
     return shown[-1]["msg"]
 
 
+@pytest.mark.campaign
 def test_2_killed_during_the_gates_the_rerun_repairs_the_record_and_rejoins(lab, story):
     seen = {}
 
@@ -123,6 +124,7 @@ def test_2_killed_during_the_gates_the_rerun_repairs_the_record_and_rejoins(lab,
     assert "repair the record: it names tiny-b" in swap["text"] and "rejoin the pool" in swap["text"], swap
 
 
+@pytest.mark.campaign
 def test_3_killed_between_the_gates_and_the_rejoin(lab, story):
     out = kill_then_rerun(lab, story, "tiny-b", "Put the host back in the pool (the generation gate passed)",
                           before="tiny-a")
@@ -170,6 +172,7 @@ def test_5_a_second_run_beside_the_first_refuses_naming_it_and_changes_nothing(l
     assert lab.ssh(HOST, f"test -e {LEASE}", check=False).returncode != 0       # given back
 
 
+@pytest.mark.campaign
 def test_6_killed_during_the_download_the_rerun_follows_the_orphaned_download(lab, story):
     """The controller dies while tiny-b downloads (slowly: the Hub throttles it): the download, an
     async job on the host, goes on and holds the store's lock. The rerun's plan says it follows it;
@@ -241,6 +244,7 @@ def saved_state(lab) -> tuple:
                                  "| sort | xargs sha256sum").stdout
 
 
+@pytest.mark.campaign
 def test_7_a_record_write_that_fails_on_a_full_disk_leaves_the_old_state_and_the_rerun_completes(lab, story):
     """The disk under the saved configurations is full when the swap records it: the
     record write fails (ENOSPC) after the new server started. With no rollback asked, the host

@@ -294,6 +294,7 @@ def test_5_not_enough_disk_fails_in_preflight_before_any_change(lab, story):
     assert not [r for r in lab.hub.requests() if r["method"] == "GET" and r.get("file")]
 
 
+@pytest.mark.campaign
 def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_completes(lab, story, tmp_path):
     inv = inventory_with(lab, tmp_path, host_vars={"gpu2": {"modelswap_serve": "tiny-broken"}})
     with load(lab, story["key"]) as clients:
@@ -315,6 +316,7 @@ def test_6_a_target_that_fails_to_start_rolls_back_on_its_host_while_the_other_c
     shutil.rmtree(result.custom_stats["modelswap_run_dir"], ignore_errors=True)
 
 
+@pytest.mark.campaign
 def test_7_without_the_drain_the_same_swap_fails_requests(lab, story):
     """The control: gpu1 swaps back to tiny-b with lb_pool_type none, under the same load. The
     load balancer learns of the stop from its health checks only, so requests fail."""
