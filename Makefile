@@ -67,8 +67,11 @@ collection-check: venv ## the built collection as a reviewer takes it: changelog
 	tests/sanity/run.sh units
 	cd build/sanity/ansible_collections/modelswap/vllm && PATH=$(abspath $(BIN)):$$PATH $(abspath $(BIN))/antsibull-docs lint-collection-docs --plugin-docs .
 
+# Two workers (most tests wait on an ansible-playbook or a local server), then the timing-sensitive
+# ones alone.
 test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
-	$(PYTEST) -m "unit or hub" -q --durations=15
+	$(PYTEST) -m "(unit or hub) and not serial" -q -n 2 --durations=15
+	$(PYTEST) -m "(unit or hub) and serial" -q --durations=5
 
 test-lab: lab-up ## tests on the lab's hosts (real systemd, SSH, vLLM), the fault campaign's sample
 	MODELSWAP_REQUIRE_LAB=1 $(PYTEST) -m "(lab or vllm) and not campaign" -q --durations=15

@@ -27,6 +27,8 @@ MARKERS = {
     "vllm": "lab tests that start real vLLM on a lab host (about a minute each)",
     "campaign": "lab fault drills beyond make test's sample (they share a story with the sampled tests "
                 "and run in its order): `make test-full` runs them with the rest of the lab suite",
+    "serial": "timing-sensitive tests (the benchmark client's accuracy): `make test-unit` runs them alone, "
+              "after the rest of the unit tests ran on two workers",
     "repo": "tests of the repository as a whole (its layout, docs, example inventory, build), not of the built collection",
 }
 

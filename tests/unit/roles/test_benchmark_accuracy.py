@@ -21,7 +21,8 @@ import pytest
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
 from tests.support import bench_accuracy
 
-pytestmark = pytest.mark.unit
+# serial: a test beside these would delay the client's event loop they measure
+pytestmark = [pytest.mark.unit, pytest.mark.serial]
 
 PRIORITY = "rt" if os.geteuid() == 0 else 0
 ATTEMPTS = 3
