@@ -111,7 +111,8 @@ def ctx(lab, tmp_path_factory):
 
 def test_deploy_tiny_a_on_both_hosts(ctx):
     lab, run = ctx.lab, ctx.first
-    assert run.rc == 0, run.stdout[-6000:]
+    # the failed tasks first: CI's short summary shows the message's first line
+    assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
     for host in HOSTS:
         out = ctx.outcome(run, host)
         assert out["swapped"] is True and out["model"] == "tiny-a"
