@@ -18,6 +18,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
@@ -48,9 +49,20 @@ def _int(value, default=None):
         return default
 
 
-def base_env(home: str) -> dict:
+def compile_cache_root(home: str, repo_id: str = "") -> str:
+    """vLLM's cache root for a model: ``<home>/cache/vllm/<repo folder>`` (``models--org--name``, the
+    store's name for it), so that each model's compile cache (vLLM keys it inside by the model's
+    configuration, its code and the compiler) survives a swap to another model and goes with the
+    model when a purge removes it (compile_cache). ``<home>/cache/vllm`` without a valid repo id."""
+    root = home + "/cache/vllm"
+    if not repo_id or catalog.repo_id_problem(repo_id):
+        return root
+    return root + "/" + cache_layout.repo_folder_name(repo_id)
+
+
+def base_env(home: str, repo_id: str = "") -> dict:
     """The service's environment before the operator's layers: offline Hub, no telemetry, caches
-    under the service's home."""
+    under the service's home (vLLM's own per model: compile_cache_root)."""
     return {
         "HOME": home,
         "HF_HUB_OFFLINE": "1",
@@ -58,7 +70,7 @@ def base_env(home: str) -> dict:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": home + "/cache/vllm",
+        "VLLM_CACHE_ROOT": compile_cache_root(home, repo_id),
         "XDG_CACHE_HOME": home + "/cache",
         "PYTHONUNBUFFERED": "1",
     }
@@ -166,9 +178,9 @@ def checks(i: dict, user_env) -> dict:
     }
 
 
-def _user_env(i: dict):
+def _user_env(i: dict, repo_id: str = ""):
     try:
-        return vllm_unit.merge_env(base_env(_text(i.get("home"))), i.get("nccl_env"), i.get("env"))
+        return vllm_unit.merge_env(base_env(_text(i.get("home")), repo_id), i.get("nccl_env"), i.get("env"))
     except (AttributeError, TypeError, ValueError):
         return None
 
@@ -238,7 +250,7 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
     gpus = gpus if isinstance(gpus, dict) else {}
     accel = accelerator(i.get("accelerator"), gpus)
     entry = _entry(i)
-    user_env = _user_env(i)
+    user_env = _user_env(i, (entry or {}).get("repo_id", ""))
     settings = checks(i, user_env)
     guard = settings["render"]["guard"]
     env, env_problem = user_env, "" if user_env is not None else "vllm_service_env and vllm_service_nccl_env must be mappings"

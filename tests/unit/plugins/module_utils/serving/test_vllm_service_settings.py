@@ -90,7 +90,9 @@ def test_the_deploy_target_serves_the_read_snapshot_behind_the_route_guard():
     assert d["argv"][d["argv"].index("--middleware") + 1] == "modelswap_vllm_guard.RequireApiKey"
     assert d["env"]["PYTHONPATH"].split(":")[0] == d["guard_dir"] == "/opt/modelswap/lib/python"
     assert d["env"]["MODELSWAP_VLLM_OPEN_ROUTES"] == "/health,/metrics"
-    assert d["env"]["VLLM_CACHE_ROOT"] == "/var/lib/vllm/cache/vllm" and d["env"]["NCCL_DEBUG"] == "WARN"
+    # vLLM's caches per model: the fallback's compile cache stays warm beside this one
+    assert d["env"]["VLLM_CACHE_ROOT"] == "/var/lib/vllm/cache/vllm/models--org--tiny"
+    assert d["env"]["XDG_CACHE_HOME"] == "/var/lib/vllm/cache" and d["env"]["NCCL_DEBUG"] == "WARN"
     assert d["config_files"] == [d["unit_path"], d["env_path"], "/opt/modelswap/lib/python/modelswap_vllm_guard.py"]
     assert d["probe"] == "127.0.0.1"
     assert [u["unit"] for u in d["replaced_todo"]] == ["old.service"]
@@ -191,3 +193,18 @@ def test_a_callers_read_and_the_first_gpu_read_that_ran():
     assert s.pick_gpus({"skipped": True}, {}) == {}
     d = s.derive(inputs(), s.facts_of(read), {})
     assert d["installed"] == {"vllm": {"version": "0.32.0", "exists": True}}
+
+
+@pytest.mark.parametrize("repo_id, root", [
+    ("org/tiny", "/h/cache/vllm/models--org--tiny"),
+    ("tiny", "/h/cache/vllm/models--tiny"),
+    ("", "/h/cache/vllm"),                         # no entry (a refused one): the common root
+    ("../../etc", "/h/cache/vllm"),                # never a path out of the root
+])
+def test_vllm_caches_go_under_the_models_store_name(repo_id, root):
+    assert s.compile_cache_root("/h", repo_id) == root
+
+
+def test_an_operators_vllm_cache_root_wins():
+    d = s.derive(dict(inputs(), env={"VLLM_CACHE_ROOT": "/fast/vllm-cache"}), FACTS, GPUS)
+    assert d["env"]["VLLM_CACHE_ROOT"] == "/fast/vllm-cache"
