@@ -144,8 +144,8 @@ def main():
         result["diff"] = {"before_header": root, "after_header": root,
                           "before": "".join(row["folder"] + "\n" for row in found),
                           "after": "".join(row["folder"] + "\n" for row in found if row["folder"] not in gone)}
-    summary = "%s: %d model cache(s), %s; %d pruned (%s)" % (root, len(found), human_bytes(total), len(removed),
-                                                            human_bytes(freed))
+    summary = "%s: %d model cache(s), %s; %d pruned (%s)" % (
+        root, len(found), human_bytes(total), len(removed), human_bytes(freed))
     if left:
         module.fail_json(msg="%s; left: %s" % (summary, "; ".join("%s (%s)" % (r["folder"], r["cause"]) for r in left)),
                          **result)
