@@ -55,7 +55,8 @@ def role_vars(lab, api_key: str, **extra) -> dict:
         "vllm_service_host": "{{ ansible_host }}",
         "vllm_service_wheelhouse": "{{ modelswap_lab_wheelhouse }}",
         "vllm_service_requirements_file": "{{ modelswap_lab_wheelhouse }}/requirements.lock",
-        # no C++ compiler on the hosts: torch.compile runs eager (docs/vllm-operations.md, "vLLM on CPU")
+        # torch.compile runs eager: quick starts, no compile at the first request with logprobs
+        # (docs/vllm-operations.md, "vLLM on CPU")
         "vllm_service_env": {"VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"},
         "vllm_service_ready_poll": 1,
         # the lab inventory pins cpu; auto exercises gpu_ready's "no NVIDIA GPU" answer

@@ -54,7 +54,9 @@ VLLM_WHEELHOUSE_IN_HOST = "/opt/wheelhouse"
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv",
                  "iproute2", "procps", "sudo", "curl", "libnuma1", "libgomp1",
                  "python3-packaging",     # ansible.builtin.pip needs it on the host
-                 "rsync")                 # hosts copy verified snapshots to each other (model_fetch peers)
+                 "rsync",                 # hosts copy verified snapshots to each other (model_fetch peers)
+                 # torch.compile's CPU kernels are C++ built at start (tests/bench/bench_warm_start.py)
+                 "g++", "python3-dev")
 # Bump when the base preparation below changes, so the cached base is rebuilt.
 BASE_RECIPE = "4"
 MAX_HOSTS = 32                  # gpu1..gpu32 at <subnet>.11-.42; an idle host uses ~25 MiB
