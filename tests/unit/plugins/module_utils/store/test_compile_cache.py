@@ -40,7 +40,7 @@ def host(tmp_path):
 
 
 def test_entries_are_the_model_folders_with_their_bytes(host):
-    root, _ = host
+    root = host[0]
     found = cc.entries(str(root))
     assert [(e["folder"], e["repo_id"]) for e in found] == [
         ("models--lab--tiny-a", "lab/tiny-a"), ("models--lab--tiny-b", "lab/tiny-b"), ("models--lab--tiny-c", "lab/tiny-c")]
@@ -59,7 +59,7 @@ def test_the_plan_prunes_what_the_store_no_longer_holds_except_what_is_kept(host
 
 
 def test_remove_stays_inside_the_root_and_reports_what_is_left(host, tmp_path):
-    root, _ = host
+    root = host[0]
     rows = [{"folder": "models--lab--tiny-c", "repo_id": "lab/tiny-c", "bytes": 1},
             {"folder": "models--lab--linked", "repo_id": "lab/linked", "bytes": 1},
             {"folder": "../hub", "repo_id": "x", "bytes": 1},
@@ -102,6 +102,6 @@ def test_the_module_lists_without_removing(host):
 
 
 def test_the_module_refuses_a_relative_root_and_changes_nothing(host):
-    _, store = host
+    store = host[1]
     out = run_module("compile_cache", {"root": "cache/vllm", "store": str(store)})
     assert out["failed"] and "must be an absolute path" in out["msg"] and not out["changed"]
