@@ -203,6 +203,7 @@ class PoolWatch(threading.Thread):
         self.join(5)
 
 
+@pytest.mark.campaign
 def test_drain_swap_rejoin_under_load_fails_no_request(pool, record_property):
     """The rollout's order in one play (playbooks/lb_pool_swap.yml): drain, restart vLLM, gates,
     rejoin, while a closed-loop load runs through the frontend."""

@@ -114,7 +114,8 @@ def uplink(lab, since, repo):
             and (("/resolve/" in e["path"] and repo in e["path"]) or e.get("endpoint") == "xet-xorb")]
 
 
-@pytest.mark.parametrize("use_xet", [False, True], ids=["http", "xet"])
+# make test samples Xet (what large repos use); the HTTP variant is the campaign's
+@pytest.mark.parametrize("use_xet", [pytest.param(False, id="http", marks=pytest.mark.campaign), pytest.param(True, id="xet")])
 def test_four_hosts_of_a_site_take_one_download_from_the_hub(plab, workdir, use_xet):
     """Over Xet the first host's repo blobs are links into its cache-wide store; the peers that copy
     from it get the bytes as regular files (never the links), verified before they are published,
@@ -202,7 +203,7 @@ def link_with_the_right_bytes(lab, host, path, cache, commit):
             % (shlex.quote(path), shlex.quote(cache), commit))
 
 
-@pytest.mark.parametrize("attack", ["flipped_byte", "symlink"])
+@pytest.mark.parametrize("attack", ["flipped_byte", pytest.param("symlink", marks=pytest.mark.campaign)])
 def test_a_corrupt_source_is_caught_its_copy_discarded_and_taken_from_another(plab, workdir, attack):
     lab, commit = plab, plab.models["tiny-b"]["commit"]
     ev = fetch_vars(lab, workdir)

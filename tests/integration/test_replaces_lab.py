@@ -112,6 +112,7 @@ def takeovers(lab, story):
         return {"good": good.result(), "broken": broken.result()}
 
 
+@pytest.mark.campaign
 def test_the_slot_takes_over_and_the_hand_made_unit_stays_off(lab, story, takeovers):
     run = takeovers["good"]
     assert run.rc == 0, run.stdout[-4000:]
@@ -124,6 +125,7 @@ def test_the_slot_takes_over_and_the_hand_made_unit_stays_off(lab, story, takeov
     assert again.rc == 0 and again.changed("gpu1") == 0, again.stdout[-4000:]
 
 
+@pytest.mark.campaign
 def test_a_failed_first_start_brings_the_hand_made_unit_back(lab, story, takeovers):
     run = takeovers["broken"]
     assert run.rc != 0
