@@ -55,6 +55,22 @@ def atomic_copy(src: str, dest: str, mode: int, makedirs: bool = False, dir_mode
     _atomic_replace(dest, write, mode, makedirs, dir_mode, True)
 
 
+def allocated_under(path: str) -> int:
+    """Allocated bytes of the distinct inodes under ``path`` (what du counts), links not followed."""
+    total = 0
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+            try:
+                st = os.lstat(name)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
 def listed(directory: str) -> list:
     """The names in ``directory``, sorted; a missing or unreadable folder lists nothing (the
     callers read optional metadata folders, whose absence is normal)."""

@@ -18,7 +18,7 @@ import os
 import shutil
 import stat
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import listed
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import allocated_under, listed
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
 
 
@@ -35,21 +35,6 @@ def root_problem(root) -> str:
     return ""
 
 
-def _bytes(path: str) -> int:
-    """Allocated bytes of the distinct inodes under ``path`` (what du counts), links not followed."""
-    total, seen = 0, set()
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
-            try:
-                st = os.lstat(name)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += cache_layout.allocated(st)
-    return total
-
-
 def entries(root: str) -> list:
     """The model folders under ``root``: folder, repo_id, path, bytes; what is not a model's folder
     (vLLM's own files when a cache root is shared, a link) is left out. A missing root lists
@@ -64,7 +49,7 @@ def entries(root: str) -> list:
             continue
         if parsed is None or parsed[0] != "model" or not stat.S_ISDIR(st.st_mode):
             continue
-        found.append({"folder": name, "repo_id": parsed[1], "path": path, "bytes": _bytes(path)})
+        found.append({"folder": name, "repo_id": parsed[1], "path": path, "bytes": allocated_under(path)})
     return found
 
 

@@ -43,7 +43,7 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.store import model_
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import unlink_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import xet_store
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import store_locks
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import listed
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import allocated_under, listed
 
 try:
     from huggingface_hub import DeleteCacheStrategy
@@ -122,22 +122,6 @@ def lock_dirs_for(store, item):
 def folder_of(orphan_path: str) -> str:
     """<cache>/<folder>/blobs/<name>.incomplete -> <folder>."""
     return os.path.basename(os.path.dirname(os.path.dirname(orphan_path)))
-
-
-def walk_alloc(path: str) -> int:
-    """Allocated bytes of the distinct inodes under ``path`` (what du counts)."""
-    total = 0
-    seen = set()
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
-            try:
-                st = os.lstat(name)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-    return total
 
 
 def free_bytes(paths) -> int:
@@ -322,7 +306,7 @@ def plan_stale_locks(store, simulator) -> list:
         if store_locks.busy_locks(path):
             continue
         if folder not in store.repos and cache_layout.parse_repo_folder(folder):
-            stale.append({"path": path, "bytes": walk_alloc(path), "dir": True})
+            stale.append({"path": path, "bytes": allocated_under(path), "dir": True})
             continue
         for name in sorted(os.listdir(path)):
             lock = os.path.join(path, name)
