@@ -11,7 +11,7 @@ module: compile_cache
 short_description: List vLLM's per-model caches and prune those of models the store no longer holds
 version_added: "0.3.0"
 description:
-  - The M(modelswap.vllm.vllm_service) role gives every model its own vLLM cache root,
+  - The C(modelswap.vllm.vllm_service) role gives every model its own vLLM cache root,
     C(<the service's home>/cache/vllm/models--org--name) (the store's name for the model), where vLLM
     keeps its compiled graphs keyed by the model's configuration. A swap back to a model still in
     the store then starts from its warm cache.
