@@ -26,6 +26,7 @@ README); on GPU hosts the same assert compares them with gpu_ready's GPU count.
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 import time
 import urllib.error
@@ -39,6 +40,8 @@ from tests.integration import vllm_lab as V
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
 HOSTS = ["gpu1", "gpu2"]
+# an operator's evaluation harness, played by one greedy completion (vllm_service_quality_hook)
+QUALITY_HOOK = str(pathlib.Path(__file__).parent / "playbooks" / "quality_hook.yml")
 STOP_TASK = "Stop the old service (its whole control group)"
 
 
@@ -184,6 +187,9 @@ BAD_INPUTS = [
     # the role checks a changed unit with systemd-analyze before it replaces the live one
     ("unit_rejected", "tiny-a", {"vllm_service_hardening": {"ProtectSystem": "bogus"}},
      "does not pass `systemd-analyze verify`"),
+    # a swap that would run a missing evaluation hook is refused before the stop
+    ("hook_missing", "tiny-b", {"vllm_service_quality_hook": "no/such/hook.yml"},
+     "no/such/hook.yml is not a file on the controller"),
 ]
 
 
@@ -257,11 +263,11 @@ def test_check_mode_previews_the_swap_and_changes_nothing(ctx, read_only_runs):
     assert ctx.key not in dump and ctx.preview_key not in dump
 
 
-def test_swap_to_tiny_b(ctx):
+def test_swap_to_tiny_b(ctx, tmp_path):
     lab = ctx.lab
     old_pids = {h: lab.ssh(h, "pgrep -u vllm").stdout.split() for h in HOSTS}
     t0 = {h: V.host_epoch(lab, h) for h in HOSTS}
-    run = ctx.run("tiny-b")
+    run = ctx.run("tiny-b", vllm_service_quality_hook=QUALITY_HOOK, hook_dir=str(tmp_path), hook_expect="")
     ctx.swap = run
     assert run.rc == 0, run.stdout[-6000:]
     for host in HOSTS:
@@ -294,6 +300,12 @@ def test_swap_to_tiny_b(ctx):
         assert abs(startup["total_s"] - out["start_to_ready_s"]) < 3, (startup, out["start_to_ready_s"])
         assert set(startup["reported"]) == {"weights_s", "engine_init_s"}     # enforce_eager: no compile
         assert out["quality"]["passed"] is True
+        # the operator's evaluation hook ran against the new server before it was recorded
+        hooked = json.loads((tmp_path / ("%s.json" % host)).read_text())
+        assert hooked["candidate"] == {
+            "model": "tiny-b", "repo_id": "lab/tiny-b", "commit": lab.models["tiny-b"]["commit"],
+            "served_model_name": "tiny-b", "base_url": "http://127.0.0.1:%d" % V.PORT, "port": V.PORT}
+        assert isinstance(hooked["text"], str)      # the server answered its completion
     assert json.loads((ctx.quality_dir / "tiny-b.json").read_text())["commit"] == lab.models["tiny-b"]["commit"]
 
 
@@ -519,3 +531,22 @@ def test_stop_during_a_stream_lets_it_finish_and_refuses_new_requests(ctx):
     journal = V.journal_since(lab, host, t0)
     assert "[shutdown] EngineCore: draining in-flight requests count=1" in journal, journal[-3000:]
     assert "timed out" not in journal and "died unexpectedly" not in journal, journal[-3000:]
+
+
+@pytest.mark.campaign
+def test_an_evaluation_hook_that_fails_rolls_the_swap_back(ctx, late_runs, tmp_path):
+    """gpu2 serves tiny-a (playbooks/rollback.yml): a swap to tiny-b passes the readiness and quality
+    gates, then the operator's evaluation hook finds its answer wanting - the swap rolls back like
+    after a failed gate, and the message names the hook's task."""
+    lab = ctx.lab
+    run = ctx.run("tiny-b", limit="gpu2", vllm_service_quality_hook=QUALITY_HOOK, hook_dir=str(tmp_path),
+                  hook_expect="no model says this")
+    assert run.rc != 0 and run.failed("gpu2") == 1
+    task, msg = ctx.failure(run, "gpu2")
+    assert task == "Fail the host - the swap failed and was rolled back", (task, msg)
+    assert "deploy of 'tiny-b' FAILED at Judge the answer: evaluation hook: the answer" in msg, msg
+    assert "lacks 'no model says this'" in msg and "Rolled back: 'tiny-a' serves again" in msg, msg
+    assert json.loads((tmp_path / "gpu2.json").read_text())["candidate"]["model"] == "tiny-b"
+    assert V.served_names(lab, "gpu2", ctx.key) == ["tiny-a"]
+    assert V.record(lab, "gpu2")["model"] == "tiny-a"
+    assert ctx.key not in run.stdout + json.dumps(run.events)

@@ -12,6 +12,7 @@ ansible.cfg (the collection resolves through .collections/).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -47,9 +48,12 @@ def task_vars(inventory, playbook, host, task_name, names):
             variables = manager.get_vars(play=play, host=inv.get_host(host), task=task)
             name = Templar(loader=loader, variables=variables).template(trust_as_template(name))
         base = task._role._role_path + "/tasks" if task._role else loader.get_basedir()
+        path = os.path.join(base, name)
+        if not os.path.isfile(path):    # an operator's file that is not set (vllm_service_quality_hook: '')
+            return []
         copy = task.copy(exclude_parent=True)
         copy._parent = task._parent
-        return load_list_of_blocks(loader.load_from_file(f"{base}/{name}", trusted_as_template=True), play=play,
+        return load_list_of_blocks(loader.load_from_file(path, trusted_as_template=True), play=play,
                                    task_include=copy,
                                    role=task._role, variable_manager=manager, loader=loader)
 

@@ -19,6 +19,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
@@ -306,6 +307,8 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
         "argv_problem": argv_problem,
         "target": target,
         "probe": probe,
+        # the new server as its own host reaches it (the quality hook's vllm_service_candidate)
+        "base_url": vllm_ready.base_url({"scheme": "http", "host": probe, "port": _int(target.get("port")) or 0}),
         # units of vllm_service_replaces that still run or would start at boot
         "replaced_todo": vllm_unit.units_to_replace(facts.get("replaces") or []),
         # the files render.yml writes, without their content (the role's templates)
