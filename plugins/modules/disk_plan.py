@@ -109,6 +109,14 @@ options:
         is not planned as an empty store.
     type: bool
     default: false
+  compile_cache_root:
+    description:
+      - The folder of vLLM's caches, one C(models--org--name) folder per model (the vllm_service
+        role's C(VLLM_CACHE_ROOT) parent, see M(modelswap.vllm.compile_cache)).
+      - A step that removes a model's last revision frees its cache folder too (the purge prunes it
+        with the model), counted when the folder is on the store's file system.
+      - Leave it out where caches are not pruned with their models (plain model folders, O(models_dir)).
+    type: path
 requirements:
   - huggingface_hub >= 1.0 on the host, only to list the target's files on the Hub (not needed with
     O(target_bytes) or when the cache already holds the pinned revision's tree listing).
@@ -214,19 +222,26 @@ orphans:
     shared: {description: "Payloads of the shared (Xet) store no link references, each with path, bytes
       (allocated, with its .refs and .lock) and size.", type: list}
 candidates:
-  description: Purge candidates in order, each with the bytes it frees after the ones before it.
+  description:
+    - Purge candidates in order, each with the bytes it frees after the ones before it.
+    - C(bytes) are the store's; C(compile_cache_bytes) the model's vLLM cache folder that goes with
+      it (see O(compile_cache_root)); C(cumulative_bytes) counts both.
   returned: always
   type: list
   elements: dict
   sample: [{"item": "org/old", "kind": "repo", "bytes": 1073741824, "cumulative_bytes": 1073741824,
-            "order": 1, "path": "/data/hf/hub/models--org--old", "models": ["old"]}]
+            "compile_cache_bytes": 0, "order": 1, "path": "/data/hf/hub/models--org--old", "models": ["old"]}]
 purge:
   description: The items to purge (the shortest prefix of candidates that makes it fit).
   returned: always
   type: list
   elements: str
 purge_bytes:
-  description: Bytes the proposed purge frees (orphans included).
+  description: Bytes the proposed purge frees in the store (orphans included), what M(modelswap.vllm.model_purge) deletes.
+  returned: always
+  type: int
+purge_compile_cache_bytes:
+  description: Bytes of the vLLM cache folders pruned with the proposed purge's models (under O(compile_cache_root)).
   returned: always
   type: int
 purge_orphans:
@@ -255,6 +270,13 @@ downtime:
   description: Whether the proposed purge includes the served model.
   returned: always
   type: bool
+compile_caches:
+  description: The vLLM cache folders under O(compile_cache_root) on the store's file system.
+  returned: always
+  type: dict
+  contains:
+    bytes: {description: Their allocated bytes., type: int}
+    folders: {description: How many., type: int}
 store:
   description: Counts of what was scanned, and scan warnings; on a Xet-layout cache
     C(shared_payloads) and C(shared_bytes) count the shared store's payloads, each once.

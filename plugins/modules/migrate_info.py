@@ -98,6 +98,7 @@ options:
       clean_orphans: {description: Count orphaned partial downloads as reclaimable., type: bool, default: true}
       download_rate: {description: Bytes per second for the download time estimate (C(1.25G) or bytes)., type: str}
       allow_missing_store: {description: A store folder that does not exist yet counts as empty (an earlier step creates it)., type: bool, default: false}
+      compile_cache_root: {description: "The folder of vLLM's caches, one per model - a purge that removes a model frees its folder too.", type: path}
   purge:
     description: How the purge step would act on the plan (the options of the C(model_purge) role).
     type: dict

@@ -15,6 +15,7 @@ import os
 import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.hub import target_listing
+from ansible_collections.modelswap.vllm.plugins.module_utils.store import compile_cache
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import disk_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import plan_inputs
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import protections
@@ -52,6 +53,7 @@ PLAN_ARGS = dict(
     clean_orphans=dict(type="bool", default=True),
     download_rate=dict(type="str"),
     allow_missing_store=dict(type="bool", default=False),
+    compile_cache_root=dict(type="path"),
 )
 
 
@@ -162,6 +164,27 @@ def host_state(params: dict, store, action: str, commands, target_commit: str = 
     return state
 
 
+def compile_caches_on(root, device: int, action: str) -> dict:
+    """{repo folder: allocated bytes} of the vLLM cache folders under ``root`` (compile_cache) on the
+    store's file system ``device`` (a cache elsewhere frees nothing the target can use); {} without
+    a root."""
+    if not root:
+        return {}
+    problem = compile_cache.root_problem(root)
+    if problem:
+        raise StoreError("%s: %s: give the folder of vLLM's caches, one per model, or leave "
+                         "compile_cache_root out (nothing was changed)" % (action, problem))
+    found = {}
+    for entry in compile_cache.entries(root):
+        try:
+            on_store = os.lstat(entry["path"]).st_dev == device
+        except OSError:
+            continue
+        if on_store:
+            found[entry["folder"]] = entry["bytes"]
+    return found
+
+
 def plan(params: dict, action: str, commands, listing=None) -> tuple:
     """(disk_plan's result, warnings, the scanned store, the host's state): read the store, its file system, the target's files (listed
     from the Hub, or ``listing``: hf_snapshot's listing made elsewhere), what the host serves, then
@@ -185,7 +208,8 @@ def plan(params: dict, action: str, commands, listing=None) -> tuple:
         store, fs, state, target=target, listed_files=listed["files"] if listed else [],
         candidates=params["candidates"], models=params["models"], headroom_bytes=headroom, download_rate=rate,
         clean_orphans=params["clean_orphans"], allow_served_purge=params["allow_served_purge"],
-        orphan_in_use=disk_plan.orphan_in_use(store))
+        orphan_in_use=disk_plan.orphan_in_use(store),
+        compile_caches=compile_caches_on(params.get("compile_cache_root"), fs["device"], action))
     timings["plan_s"] = time.monotonic() - started
     result["timings"] = {k: round(v, 4) for k, v in timings.items()}
     warnings.extend(disk_plan.store_warnings(store))

@@ -8,7 +8,9 @@ freed bytes (shared blobs counted once, via ``model_store.DeletionSimulator``), 
 own candidates, and table the orphaned partial downloads. On a Xet-layout cache a payload of the
 shared store counts once however many repos and revisions link it, and frees bytes only with the
 step that removes its last link; payloads no link references are reclaimed with the orphaned
-partial downloads (``orphans.shared``). Its inputs (sizes, headroom, the catalog) and its errors
+partial downloads (``orphans.shared``). A step that removes a model's last revision frees its
+vLLM cache folder too (``compile_caches``: the purge prunes it with the model). Its inputs
+(sizes, headroom, the catalog) and its errors
 (PlanError, NotInStore) are plan_inputs'.
 
 Used by the disk_plan module (through fleet/store_context); unit-tested table-driven.
@@ -68,18 +70,35 @@ def shared_table(store, device) -> tuple:
     return rows, reclaimable
 
 
+def freed(sim, item, compile_caches) -> tuple:
+    """(effect, compile cache bytes) of deleting ``item`` next: the simulator's effect, and the
+    allocated bytes of the model's vLLM cache folder when this step removes the model's last
+    revision (0 otherwise, and for a folder already counted)."""
+    effect = sim.apply(item)
+    cache = 0
+    if effect.removes_repo and compile_caches:
+        cache = compile_caches.pop(item.folder, 0)
+    return effect, cache
+
+
 def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candidates,
               orphans=(), served_items=(), served_label: str = "", target_label: str = "",
-              allow_served_purge: bool = False, download_rate: int = 0, models=None) -> dict:
+              allow_served_purge: bool = False, download_rate: int = 0, models=None,
+              compile_caches=None) -> dict:
     """The verdict and the purge proposal.
 
     ``candidates`` are Items in purge order; ``orphans`` are reclaimable partial downloads
     (Orphan, and SharedPayload no link references), always reclaimed first; ``served_items`` are what purging the served model would
     delete — considered only when nothing else makes room, and proposed only if allowed.
+    ``compile_caches`` maps a repo folder to its vLLM cache folder's allocated bytes on the
+    store's file system; a step that removes the repo frees those too: a row's
+    ``compile_cache_bytes`` beside its ``bytes`` (the store's), both in ``cumulative_bytes`` and the
+    verdict, and ``purge_compile_cache_bytes`` beside ``purge_bytes`` (what model_purge deletes).
     """
     available = fs["available"]
     required = needed_bytes + headroom_bytes
     sim = DeletionSimulator(store)
+    caches = dict(compile_caches or {})
     orphan_bytes = 0
     for o in orphans:
         orphan_bytes += sim.apply(reclaim_item(o)).bytes
@@ -89,10 +108,11 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
     if available + orphan_bytes >= required:
         cut = 0
     for index, item in enumerate(candidates):
-        effect = sim.apply(item)
-        cumulative += effect.bytes
+        effect, cache = freed(sim, item, caches)
+        cumulative += effect.bytes + cache
         row = item_dict(store, item, models)
         row.update({"order": index + 1, "bytes": effect.bytes, "size": effect.size,
+                    "compile_cache_bytes": cache,
                     "cumulative_bytes": cumulative, "last_used": item_last_used(store, item)})
         if effect.removes_repo and item.kind == "revision":
             row["removes_repo"] = True
@@ -110,6 +130,7 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
         "candidates_bytes": all_bytes - orphan_bytes,
         "purge": [],
         "purge_bytes": 0,
+        "purge_compile_cache_bytes": 0,
         "purge_orphans": False,
         "shortfall_bytes": 0,
         "downtime": False,
@@ -120,8 +141,10 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
         result.update(verdict="fits", reason="free space covers the target and the headroom")
         return result
     if cut is not None:
+        caches_freed = sum(r["compile_cache_bytes"] for r in table[:cut])
         result.update(verdict="fits_after_purge", purge=[r["item"] for r in table[:cut]],
-                      purge_bytes=(table[cut - 1]["cumulative_bytes"] if cut else orphan_bytes),
+                      purge_bytes=(table[cut - 1]["cumulative_bytes"] if cut else orphan_bytes) - caches_freed,
+                      purge_compile_cache_bytes=caches_freed,
                       purge_orphans=bool(orphans),
                       reason="purging %d item(s)%s frees enough" % (
                           cut, " and the orphaned partial downloads" if orphans else ""))
@@ -130,7 +153,8 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
     result.update(verdict="does_not_fit", shortfall_bytes=shortfall, purge_orphans=bool(orphans))
     served_bytes = 0
     for item in served_items:
-        served_bytes += sim.apply(item).bytes
+        effect, cache = freed(sim, item, caches)
+        served_bytes += effect.bytes + cache
     if served_items and served_bytes >= shortfall:
         # Only purging the served model makes room: never proposed silently.
         eta = ""
@@ -150,17 +174,22 @@ def make_plan(store, fs: dict, *, needed_bytes: int, headroom_bytes: int, candid
         }
         if allow_served_purge:
             # minimal: orphans, the served model, then candidates until it fits
-            sim2 = DeletionSimulator(store)
+            sim2, caches2 = DeletionSimulator(store), dict(compile_caches or {})
             gained = sum(sim2.apply(reclaim_item(o)).bytes for o in orphans)
-            gained += sum(sim2.apply(i).bytes for i in served_items)
+            caches_freed = 0
+            for item in served_items:
+                effect, cache = freed(sim2, item, caches2)
+                gained, caches_freed = gained + effect.bytes, caches_freed + cache
             chosen = []
             for item in candidates:
-                if available + gained >= required:
+                if available + gained + caches_freed >= required:
                     break
-                gained += sim2.apply(item).bytes
+                effect, cache = freed(sim2, item, caches2)
+                gained, caches_freed = gained + effect.bytes, caches_freed + cache
                 chosen.append(item.ident)
             result.update(verdict="fits_after_purge", shortfall_bytes=0, downtime=True,
                           purge=chosen + [i.ident for i in served_items], purge_bytes=gained,
+                          purge_compile_cache_bytes=caches_freed,
                           reason="fits only by purging the served model (allowed): " + downtime)
         else:
             result["reason"] = ("only purging the served model %s (%s) would make room: %s; allow that "
@@ -178,9 +207,11 @@ def summary_line(plan: dict) -> str:
              "needed %s (+%s headroom)" % (human_bytes(plan["needed_bytes"]),
                                            human_bytes(plan["headroom_bytes"]))]
     if plan["purge"] or plan["purge_orphans"]:
-        parts.append("purge %s: %s" % (human_bytes(plan["purge_bytes"]),
-                                       ", ".join(plan["purge"] + (["partial downloads"]
-                                                                  if plan["purge_orphans"] else []))))
+        caches = plan.get("purge_compile_cache_bytes") or 0
+        parts.append("purge %s%s: %s" % (human_bytes(plan["purge_bytes"]),
+                                         " (+%s of their vLLM caches)" % human_bytes(caches) if caches else "",
+                                         ", ".join(plan["purge"] + (["partial downloads"]
+                                                                    if plan["purge_orphans"] else []))))
     verdict = plan["verdict"]
     if verdict == "does_not_fit":
         verdict += " (short by %s)" % human_bytes(plan["shortfall_bytes"])
@@ -271,7 +302,7 @@ def does_not_fit_message(target_name, fs_path: str, reason: str) -> str:
 
 def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candidates, models,
               headroom_bytes: int, download_rate: int, clean_orphans: bool, allow_served_purge: bool,
-              orphan_in_use) -> dict:
+              orphan_in_use, compile_caches=None) -> dict:
     """disk_plan's result (less ``timings``) from what the module read: the scanned store, the
     file system, the host's state (host_state), the target (plan_target plus target_needs)."""
     protections = state["protections"]
@@ -296,7 +327,8 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
         store, fs, needed_bytes=target["needed_bytes"], headroom_bytes=headroom_bytes, candidates=items,
         orphans=reclaimable + shared_reclaimable if clean_orphans else [], served_items=served_items,
         served_label=state["served_label"], target_label=target_label,
-        allow_served_purge=allow_served_purge, download_rate=download_rate, models=models)
+        allow_served_purge=allow_served_purge, download_rate=download_rate, models=models,
+        compile_caches=compile_caches)
     return dict(
         changed=False,
         verdict=plan["verdict"],
@@ -315,12 +347,14 @@ def disk_plan(store, fs: dict, state: dict, *, target: dict, listed_files, candi
         candidates=plan["candidates"],
         purge=plan["purge"],
         purge_bytes=plan["purge_bytes"],
+        purge_compile_cache_bytes=plan["purge_compile_cache_bytes"],
         purge_orphans=plan["purge_orphans"],
         protected=[pr.as_dict() for pr in protections],
         excluded=excluded,
         served=state["served"],
         served_purge=plan["served_purge"],
         downtime=plan["downtime"],
+        compile_caches={"bytes": sum((compile_caches or {}).values()), "folders": len(compile_caches or {})},
         store={"cache_dir": store.cache_dir, "models_dir": store.models_dir, "repos": len(store.repos),
                "revisions": sum(len(r.revisions) for r in store.repos.values()),
                "dirs": len(store.dirs), "warnings": store.warnings[:20],

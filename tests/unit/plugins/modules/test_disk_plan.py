@@ -68,6 +68,24 @@ def test_candidates_are_unprotected_and_least_recently_used_first(world):
 
 
 @pytest.mark.hub
+def test_a_removed_models_vllm_cache_counts_as_freed(world):
+    caches = world.fs.root / "vllm-cache"
+    graphs = caches / "models--lab--old" / "torch_compile_cache" / "0a1b"
+    graphs.mkdir(parents=True)
+    (graphs / "inductor.bin").write_bytes(os.urandom(96 * KB))
+    (caches / "models--lab--served").mkdir()
+    bare = ok(world.plan())
+    plan = ok(world.plan(compile_cache_root=str(caches)))
+    row, bare_row = (next(c for c in p["candidates"] if c["item"] == "lab/old") for p in (plan, bare))
+    assert row["compile_cache_bytes"] >= 96 * KB and bare_row["compile_cache_bytes"] == 0
+    assert row["bytes"] == bare_row["bytes"]             # the store's; the cache beside it
+    assert row["cumulative_bytes"] == bare_row["cumulative_bytes"] + row["compile_cache_bytes"]
+    assert plan["compile_caches"]["folders"] == 2 and plan["compile_caches"]["bytes"] >= 96 * KB
+    # nothing is deleted by planning
+    assert (graphs / "inductor.bin").stat().st_size == 96 * KB
+
+
+@pytest.mark.hub
 def test_only_the_served_model_would_make_room(world):
     first = ok(world.plan(candidates=["lab/old"]))
     # headroom so that lab/old alone is not enough but lab/old + the served model is

@@ -170,6 +170,64 @@ def test_purge_bytes_of_a_plan_equal_a_fresh_simulation(store):
     assert plan["orphan_bytes"] + plan["candidates_bytes"] == total
 
 
+# ------------------------------------------------------------------------- vLLM's caches
+CACHES = {"models--org--old": 300 * KB, "models--org--served": 500 * KB, "models--org--keep": 50 * KB}
+
+
+def test_a_step_that_removes_a_model_frees_its_vllm_cache_folder_too(store):
+    state = protections(store)
+    # org/old's two revisions: the first leaves the model (its cache stays), the second removes it
+    items = _items(store, "old-1", "old-2", "scratch")
+    bare = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0, candidates=items)
+    plan = disk_plan.make_plan(store, {"available": 0}, needed_bytes=10 ** 9, headroom_bytes=0, candidates=items,
+                               compile_caches=dict(CACHES))
+    caches = [row["compile_cache_bytes"] for row in plan["candidates"]]
+    assert caches == [0, 300 * KB, 0]
+    # a row's bytes stay the store's (what model_purge deletes); the running total counts both
+    assert [row["bytes"] for row in plan["candidates"]] == [row["bytes"] for row in bare["candidates"]]
+    assert [row["cumulative_bytes"] for row in plan["candidates"]] == [
+        row["cumulative_bytes"] + sum(caches[:i + 1]) for i, row in enumerate(bare["candidates"])]
+    assert plan["candidates_bytes"] == bare["candidates_bytes"] + 300 * KB
+    # a need the store alone cannot meet fits once the cache is counted, with the same purge
+    need = bare["candidates_bytes"] + 100 * KB
+    assert disk_plan.make_plan(store, {"available": 0}, needed_bytes=need, headroom_bytes=0,
+                               candidates=items)["verdict"] == "does_not_fit"
+    fits = disk_plan.make_plan(store, {"available": 0}, needed_bytes=need, headroom_bytes=0, candidates=items,
+                               compile_caches=dict(CACHES))
+    assert fits["verdict"] == "fits_after_purge" and fits["purge"] == [i.ident for i in items]
+    assert fits["purge_bytes"] == bare["candidates_bytes"] and fits["purge_compile_cache_bytes"] == 300 * KB
+    assert " (+300.0 KiB of their vLLM caches): org/old@" in disk_plan.summary_line(fits), disk_plan.summary_line(fits)
+    # the served model's cache counts toward a served purge too
+    def served_plan(extra, **kw):
+        return disk_plan.make_plan(store, {"available": 0}, needed_bytes=bare["candidates_bytes"] + extra,
+                                   headroom_bytes=0, candidates=items, served_items=state["served_items"],
+                                   allow_served_purge=True, **kw)
+    assert served_plan(700 * KB, compile_caches=dict(CACHES))["served_purge"]["bytes"] == \
+        served_plan(700 * KB)["served_purge"]["bytes"] + 500 * KB
+    assert served_plan(1000 * KB)["verdict"] == "does_not_fit"
+    allowed = served_plan(1000 * KB, compile_caches=dict(CACHES))
+    assert allowed["verdict"] == "fits_after_purge" and allowed["downtime"] is True
+    assert allowed["purge_compile_cache_bytes"] == 800 * KB      # org/old's and the served model's
+
+
+def test_the_store_counts_only_the_cache_folders_on_its_file_system(tmp_path):
+    root = tmp_path / "cache" / "vllm"
+    for folder, size in (("models--org--old", 64 * KB), ("models--org--new", 8 * KB)):
+        (root / folder / "torch_compile_cache" / "abc").mkdir(parents=True)
+        (root / folder / "torch_compile_cache" / "abc" / "graph.py").write_bytes(b"g" * size)
+    (root / "modelinfos").mkdir()                                  # vLLM's own, not a model's
+    device = os.stat(tmp_path).st_dev
+    found = store_context.compile_caches_on(str(root), device, "disk_plan")
+    assert set(found) == {"models--org--old", "models--org--new"}
+    assert found["models--org--old"] >= 64 * KB > found["models--org--new"] >= 8 * KB
+    assert store_context.compile_caches_on(str(root), device + 1, "disk_plan") == {}
+    assert store_context.compile_caches_on(None, device, "disk_plan") == {}
+    assert store_context.compile_caches_on(str(tmp_path / "absent"), device, "disk_plan") == {}
+    with pytest.raises(store_context.StoreError, match="disk_plan: the compile cache root must be an absolute "
+                                                       "path, got 'cache/vllm': give the folder of vLLM's caches"):
+        store_context.compile_caches_on("cache/vllm", device, "disk_plan")
+
+
 # ---------------------------------------------------------------------------------- inputs
 @pytest.mark.parametrize("text,expected", [
     ("0", 0), ("1048576", 1048576), ("10K", 10240), ("10KiB", 10240), ("10kB", 10000),
