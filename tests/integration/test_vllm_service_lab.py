@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
 HOSTS = ["gpu1", "gpu2"]
 # an operator's evaluation harness, played by one greedy completion (vllm_service_quality_hook)
-QUALITY_HOOK = str(pathlib.Path(__file__).parent / "playbooks" / "quality_hook.yml")
+QUALITY_HOOK = str(pathlib.Path(__file__).parent / "tasks" / "quality_hook.yml")
 STOP_TASK = "Stop the old service (its whole control group)"
 
 
