@@ -197,6 +197,7 @@ def test_a_step_that_removes_a_model_frees_its_vllm_cache_folder_too(store):
     assert fits["verdict"] == "fits_after_purge" and fits["purge"] == [i.ident for i in items]
     assert fits["purge_bytes"] == bare["candidates_bytes"] and fits["purge_compile_cache_bytes"] == 300 * KB
     assert " (+300.0 KiB of their vLLM caches): org/old@" in disk_plan.summary_line(fits), disk_plan.summary_line(fits)
+
     # the served model's cache counts toward a served purge too
     def served_plan(extra, **kw):
         return disk_plan.make_plan(store, {"available": 0}, needed_bytes=bare["candidates_bytes"] + extra,
