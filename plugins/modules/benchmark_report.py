@@ -114,7 +114,7 @@ written:
   type: list
   elements: str
 summary:
-  description: Per step - concurrency, valid, flags, request and output throughput, TTFT/TPOT/ITL/E2EL
+  description: Per step - concurrency (or a rate ladder's rate and its SLO verdict), valid, flags, request and output throughput, TTFT/TPOT/ITL/E2EL
     medians and p99s, error rate, server concurrency.
   returned: always
   type: list
@@ -136,8 +136,19 @@ comparison:
   description: The previous run compared (id, headline, counts of better/worse/same), or null.
   returned: always
   type: dict
+capacity:
+  description:
+    - A rate ladder with an SLO - the highest rate that met it below every rate that did not (C(rate)), the
+      lowest that did not (C(first_failing_rate)), the SLO in words, and whether every rate offered passed
+      (C(above_every_rate)) or none did (C(below_every_rate)); null otherwise.
+  returned: always
+  type: dict
+headline:
+  description: The capacity in one sentence (C(gpu1 holds 12 req/s at TTFT p99 <= 2 s, ITL p99 <= 80 ms)), or null.
+  returned: always
+  type: str
 lines:
-  description: One readable line per step, then the knee (and the stop reason).
+  description: One readable line per step, then the knee or the capacity (and the stop reason).
   returned: always
   type: list
   elements: str
@@ -158,7 +169,8 @@ def summary(report):
     rows = []
     for s in report["steps"]:
         rows.append({
-            "concurrency": s["concurrency"], "valid": s["valid"],
+            "concurrency": s["concurrency"], "rate": (s.get("rate") or {}).get("offered"), "valid": s["valid"],
+            "slo_passed": (s.get("slo_verdict") or {}).get("passed"),
             "flags": [f["code"] for f in s["flags"]],
             "request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
             "ttft_ms_median": s["ttft_ms"]["median"], "ttft_ms_p99": s["ttft_ms"]["p99"],
@@ -174,7 +186,7 @@ def lines(report):
     for s in report["steps"]:
         def f(v, d=1):
             return "-" if v is None else f"{v:,.{d}f}"
-        line = (f"C={s['concurrency']:<5} {'valid  ' if s['valid'] else 'INVALID'} "
+        line = (f"{benchmark_report.load_label(s):<11} {'valid  ' if s['valid'] else 'INVALID'} "
                 f"out {f(s['output_throughput'])} tok/s, {f(s['request_throughput'], 2)} req/s, "
                 f"TTFT p50/p99 {f(s['ttft_ms']['median'])}/{f(s['ttft_ms']['p99'])} ms, "
                 f"TPOT p50 {f(s['tpot_ms']['median'])} ms, ITL p99 {f(s['itl_ms']['p99'])} ms, "
@@ -184,7 +196,11 @@ def lines(report):
             line += " [" + ", ".join(fl["code"] for fl in s["flags"]) + "]"
         out.append(line)
     sat = report["saturation"]
-    if sat.get("knee_concurrency") is not None:
+    if report.get("headline"):
+        out.append(report["headline"])
+    elif report["run"]["settings"].get("mode") == "rate":
+        out.append("rates only: no SLO, no capacity searched")
+    elif sat.get("knee_concurrency") is not None:
         out.append(f"knee at C={sat['knee_concurrency']}; peak {sat['peak_throughput']:,.1f} tok/s at "
                    f"C={sat['peak_concurrency']}")
     else:
@@ -244,6 +260,7 @@ def main():
         saturation=report["saturation"], tokens=report["tokens"], stopped_early=report["run"]["stopped_early"],
         comparison=None if cmp is None else {k: cmp[k] for k in ("previous_run", "previous_path", "headline",
                                                                  "summary")},
+        capacity=report.get("capacity"), headline=report.get("headline"),
         plots_error=plots_error, lines=lines(report))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: benchmark_run
-short_description: Run Locust at a rising concurrency ladder against an OpenAI-compatible server
+short_description: Run Locust at a rising concurrency or rate ladder against an OpenAI-compatible server
 version_added: "0.1.0"
 description:
   - Runs the benchmark role's locustfile headless, on the host the task runs on (the controller
@@ -26,6 +26,14 @@ description:
     Locust is killed (with its worker processes) when the whole run passes its time bound
     (RV(bounds)). Requests in flight at the end are let finish, so the server's token counters
     match the records.
+  - With O(mode=rate) the ladder is O(rates) in requests per second, an open loop - each request
+    is sent at a scheduled time from a seeded Poisson or gamma process (O(burstiness)), whatever
+    the server's latency (C(vllm bench serve --request-rate R --burstiness B)), optionally capped
+    at O(max_inflight) requests in flight. Every request records how late it was sent (the report
+    flags a step the client could not keep on schedule).
+  - With O(capacity_slo) a rate ladder searches the highest rate that meets the SLO - the rates
+    are a sweep, run until one misses it, then O(bisections) steps halve the gap between the
+    highest rate that met it and the lowest that did not.
   - One load process by default; O(processes) forks Locust workers on this host
     (C(--processes)); O(expect_workers) makes this a Locust master for workers on other hosts.
 extends_documentation_fragment:
@@ -33,11 +41,44 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - modelswap.vllm.benchmark_target
 options:
+  mode:
+    description: C(concurrency) - closed loops at each of O(concurrency); C(rate) - an open loop at each of O(rates).
+    type: str
+    choices: [concurrency, rate]
+    default: concurrency
   concurrency:
-    description: The ladder - rising positive numbers of concurrent streams.
+    description: The ladder of C(mode=concurrency) - rising positive numbers of concurrent streams.
     type: list
     elements: int
-    required: true
+    default: []
+  rates:
+    description: The ladder of C(mode=rate) - rising request rates (requests per second, above 0).
+    type: list
+    elements: float
+    default: []
+  burstiness:
+    description: The gamma shape of a rate ladder's arrivals - 1 is a Poisson process, below 1 burstier,
+      above 1 more regular (C(vllm bench serve --burstiness)).
+    type: float
+    default: 1.0
+  max_inflight:
+    description: A rate ladder's cap on requests in flight (a request due while the cap is reached waits,
+      and the report counts that wait apart from the client's lateness); 0 for none.
+    type: int
+    default: 0
+  capacity_slo:
+    description:
+      - The SLO a rate ladder's capacity is searched at - C(ttft_p99), C(itl_p99), C(e2el_p99) as durations
+        with their unit (C(2 s), C(80 ms)) and C(error_rate) as a percentage (C(1%)); any subset.
+      - The run judges each step by the share of requests (of gaps, for ITL) over each limit - at most 1%
+        for a p99 - to pick the next rate; the report judges every step again with its exact percentiles.
+    type: dict
+    default: {}
+  bisections:
+    description: Steps of a capacity search after its sweep, each halving the gap between the highest rate
+      that met O(capacity_slo) and the lowest that did not; 0 runs the sweep alone.
+    type: int
+    default: 2
   input_tokens:
     description: Prompt length in tokens (approximate for text prompts, cut by O(words_per_token)).
     type: int
@@ -210,6 +251,20 @@ EXAMPLES = r"""
     metrics_url: http://10.0.0.5:8000/metrics
     run_dir: /srv/results/gpu01/kimi-k2.5/3f1c.../20261202T120000Z
   delegate_to: localhost
+
+- name: Search the highest request rate that meets the SLO (Poisson arrivals)
+  modelswap.vllm.benchmark_run:
+    url: http://10.0.0.5:8000
+    model: kimi-k2.5
+    api_key: "{{ vllm_service_api_key }}"
+    mode: rate
+    rates: [2, 4, 8, 16, 32]
+    capacity_slo: {ttft_p99: 2 s, itl_p99: 80 ms, error_rate: 1%}
+    bisections: 2
+    prompt_source: "{{ role_path }}/files/prompts.txt"
+    locustfile: "{{ role_path }}/files/locustfile.py"
+    run_dir: /srv/results/gpu01/kimi-k2.5/3f1c.../20261202T130000Z
+  delegate_to: localhost
 """
 
 RETURN = r"""
@@ -281,7 +336,13 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             **benchmark_probe.TARGET_ARGS,
-            concurrency=dict(type="list", elements="int", required=True),
+            mode=dict(type="str", choices=["concurrency", "rate"], default="concurrency"),
+            concurrency=dict(type="list", elements="int", default=[]),
+            rates=dict(type="list", elements="float", default=[]),
+            burstiness=dict(type="float", default=1.0),
+            max_inflight=dict(type="int", default=0),
+            capacity_slo=dict(type="dict", default={}),
+            bisections=dict(type="int", default=2),
             input_tokens=dict(type="int", default=1024, no_log=False),
             output_tokens=dict(type="int", default=128, no_log=False),
             ignore_eos=dict(type="bool", default=True),
@@ -349,7 +410,8 @@ def main():
     plan = {k: cfg[k] for k in ("ladder", "ramp_s", "warmup_s", "measure_s", "measure_max_s",
                                 "min_requests_per_user", "max_requests_per_step", "request_timeout_s",
                                 "input_tokens", "output_tokens", "api", "target", "slo", "stop_error_rate",
-                                "stop_min_good_ratio")}
+                                "stop_min_good_ratio", "mode", "burstiness", "max_inflight", "limits",
+                                "search_bisections")}
     config_path = os.path.join(run_dir, "config.json")
     window_warnings = benchmark_run.window_warnings(p, tolerance)
     result = dict(changed=True, run_dir=run_dir, raw_dir=raw_dir, plan=plan, bounds=bounds, config=config_path,

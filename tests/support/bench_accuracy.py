@@ -93,7 +93,7 @@ def compare(raw_dir: Path, sim_records: list[dict], step: int = 0) -> dict:
     analysis = bench_stats.analyze(raw)
     st = next(s for s in analysis["steps"] if s["step"] == step)
     sims = {r["id"]: r for r in sim_records if not r["aborted"]}
-    ttft_err, e2el_err, lag, t_ttft, t_itl, t_tpot = [], [], [], [], [], []
+    ttft_err, e2el_err, lag, t_ttft, t_itl, t_tpot, t_e2el = [], [], [], [], [], [], []
     truth_tokens_in_window = 0.0
     windows = bench_stats._windows(raw, step)
     for wid, recs in raw["workers"].items():
@@ -115,20 +115,24 @@ def compare(raw_dir: Path, sim_records: list[dict], step: int = 0) -> dict:
             e2el_err.append(m["e2el"] - tr["e2el"])
             lag.extend(r["st"] + off - w for off, w in zip(r["c"], tr["writes"]))
             t_ttft.append(tr["ttft"])
+            t_e2el.append(tr["e2el"])
             t_itl.extend(tr["itl"])
             if tr["tokens"] > 1:
                 t_tpot.append((tr["e2el"] - tr["ttft"]) / (tr["tokens"] - 1))
     # window throughput counts tokens per worker window; with one process the sum above is exact
     truth = {"ttft_ms": bench_stats.summarize(t_ttft, 1000), "itl_ms": bench_stats.summarize(t_itl, 1000),
-             "tpot_ms": bench_stats.summarize(t_tpot, 1000), "output_throughput": truth_tokens_in_window}
-    return {"step": st, "truth": truth, "matched": len(ttft_err),
+             "tpot_ms": bench_stats.summarize(t_tpot, 1000), "e2el_ms": bench_stats.summarize(t_e2el, 1000),
+             "output_throughput": truth_tokens_in_window}
+    return {"step": st, "truth": truth, "matched": len(ttft_err), "truth_ttfts_ms": [x * 1000.0 for x in t_ttft],
             "ttft_err_ms": bench_stats.summarize(ttft_err, 1000), "e2el_err_ms": bench_stats.summarize(e2el_err, 1000),
             "chunk_lag_ms": bench_stats.summarize(lag, 1000), "analysis": analysis}
 
 
 def run_case(workdir: Path, *, concurrency, ttft_ms=50.0, chunk_ms=20.0, chunks=64, tokens_per_chunk=1,
              slots=0, measure_s=10, warmup_s=2, ramp_s=2, nice=0, timeout=240, api="chat",
-             processes=None) -> dict:
+             processes=None, config=None) -> dict:
+    """One load run against a fresh simulator; ``config``: more of the locustfile's settings (a
+    rate ladder's mode, rates, burstiness, limits, search)."""
     sim_cpus, client_cpus = cpu_split()
     with SimulatorProcess(workdir / "sim", cpus=sim_cpus, nice=nice, max_seconds=timeout + 30,
                           ttft_ms=ttft_ms, chunk_ms=chunk_ms, tokens_per_chunk=tokens_per_chunk,
@@ -136,7 +140,7 @@ def run_case(workdir: Path, *, concurrency, ttft_ms=50.0, chunk_ms=20.0, chunks=
         cfg = write_config(workdir / "run", sim.url, [concurrency] if isinstance(concurrency, int)
                            else concurrency, output_tokens=chunks * tokens_per_chunk,
                            measure_s=measure_s, warmup_s=warmup_s, ramp_s=ramp_s, api=api,
-                           measure_max_s=max(30, measure_s * 3))
+                           measure_max_s=max(30, measure_s * 3), **(config or {}))
         t = time.monotonic()
         rc = run_locust(cfg, cpus=client_cpus, nice=nice, timeout=timeout, processes=processes)
         took = time.monotonic() - t
@@ -150,7 +154,8 @@ def report(cmp: dict) -> str:
     def f(x):
         return "-" if x is None else f"{x:.2f}"
     lines = [
-        f"C={s['concurrency']} matched={cmp['matched']} valid={s['valid']} flags={[x['code'] for x in s['flags']]}",
+        f"{'C=%s' % s['concurrency'] if s['concurrency'] is not None else '%g req/s' % s['rate']['offered']} "
+        f"matched={cmp['matched']} valid={s['valid']} flags={[x['code'] for x in s['flags']]}",
         f"TTFT ms  client mean {f(s['ttft_ms']['mean'])} p99 {f(s['ttft_ms']['p99'])} | truth mean "
         f"{f(t['ttft_ms']['mean'])} p99 {f(t['ttft_ms']['p99'])} | per-request error mean "
         f"{f(cmp['ttft_err_ms']['mean'])} p99 {f(cmp['ttft_err_ms']['p99'])}",

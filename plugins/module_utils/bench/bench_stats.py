@@ -29,6 +29,8 @@ import json
 import math
 import os
 
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import rate_ladder
+
 SCHEMA = "modelswap.benchmark/v1"
 
 DEFINITIONS = {
@@ -45,6 +47,8 @@ DEFINITIONS = {
                      "(end of the last request − window start)",
     "server_concurrency": "mean of vllm:num_requests_running + vllm:num_requests_waiting sampled in the window",
     "littles_law_concurrency": "request_throughput × mean E2EL (should equal the offered concurrency)",
+    "rate": "a rate ladder's step: the offered rate, the achieved one (measured requests / window), "
+            "the dispatch delay (send − scheduled time, less the wait at the in-flight cap) and that wait",
     "statistics": "mean, median, population std; percentiles by linear interpolation (numpy.percentile)",
 }
 
@@ -66,6 +70,11 @@ DEFAULT_CHECKS = {
     "knee_min_efficiency": 0.5,     # ... unless throughput still grew this well at the last step
     "prefix_hit_max": 0.05,         # prefix-cache hit rate above this: the nonce did not work
     "min_requests_per_user": 3,
+    # rate ladders: a request sent later than this after its scheduled time (at p99, its wait at the
+    # in-flight cap aside) means the client did not offer the process it promised
+    "dispatch_delay_p99_max_ms": 10.0,
+    "rate_tolerance": 0.1,          # achieved / offered rate off by more (and by more than chance)
+    "min_requests_rate_step": 20,   # fewer completed requests in a rate step: noisy figures
 }
 
 
@@ -87,7 +96,8 @@ def littles_law_window(tolerance, e2el_s=None):
 
 
 INVALIDATING = {"client_cpu_saturated", "client_lag", "concurrency_not_reached",
-                "client_concurrency_low", "littles_law", "ramp_incomplete", "no_completed_requests"}
+                "client_concurrency_low", "littles_law", "ramp_incomplete", "no_completed_requests",
+                "dispatch_late"}
 
 
 # --- statistics ---------------------------------------------------------------------------------
@@ -278,12 +288,15 @@ def client_stats(raw, step):
     return out
 
 
-def step_metrics(raw, step, concurrency, slo=None, checks=None):
-    """Every figure of one ladder step (see DEFINITIONS), with its validity flags."""
+def step_metrics(raw, step, concurrency, slo=None, checks=None, rate=None, limits=None):
+    """Every figure of one ladder step (see DEFINITIONS), with its validity flags. A rate ladder's
+    step has no concurrency (None) but its offered ``rate`` (requests per second), and with a
+    capacity SLO (``limits``, rate_ladder.parse_slo) the share of its samples over each limit."""
     slo = slo or {}
     chk = dict(DEFAULT_CHECKS, **(checks or {}))
     windows = _windows(raw, step)
     measured, ttft, tpot, itl, e2el, itl_n = [], [], [], [], [], 0
+    dispatch, cap_waits = [], []
     errors = {}
     n_good = n_completed = 0
     in_tok = out_tok = 0
@@ -299,6 +312,9 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None):
         for r in reqs:
             if r.get("s") == step and r.get("p") == "measure":
                 measured.append(r)
+                if r.get("q") is not None:      # an open loop's request: how late it left
+                    dispatch.append(r["q"] - (r.get("qw") or 0.0))
+                    cap_waits.append(r.get("qw") or 0.0)
                 if request_success(r):
                     m = request_metrics(r)
                     n_completed += 1
@@ -386,17 +402,27 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None):
         "steal": max((c["steal"] for c in clients.values() if c["steal"] is not None), default=None),
         "inflight_mean": math.fsum(c["inflight_mean"] for c in clients.values()) if clients else None,
         "per_process": clients}
+    if limits:
+        result["slo_over"] = {key: rate_ladder.over_share((v * 1000.0 for v in values), limits[key + "_ms"])
+                              for key, values in (("ttft_p99", ttft), ("itl_p99", itl), ("e2el_p99", e2el))
+                              if limits.get(key + "_ms") is not None}
+    if rate is not None:
+        result["rate"] = {"offered": rate,
+                          "achieved": (n_measured / window_s) if window_s else None,
+                          "dispatch_delay_ms": summarize(dispatch, 1000.0),
+                          "cap_wait_ms": summarize(cap_waits, 1000.0)}
     little = None
-    if result["request_throughput"] and e2el_s["mean"] is not None:
+    if concurrency and result["request_throughput"] and e2el_s["mean"] is not None:
         L = result["request_throughput"] * e2el_s["mean"] / 1000.0
         little = {"concurrency": L, "ratio": L / concurrency}
     result["littles_law"] = little
     ramp = _master_phase(raw, step, "warmup")
-    result["ramp"] = {"seconds": ramp.get("ramp_s"), "users_reached": ramp.get("users_reached")} if ramp else None
+    result["ramp"] = {"seconds": ramp.get("ramp_s"), "users_reached": ramp.get("users_reached"),
+                      "users": ramp.get("users")} if ramp else None
     drain = None
     for r in raw["master"]:
-        next_ramp = r.get("s") == step + 1 and r.get("p") == "ramp"
-        this_end = r.get("s") == step and r.get("p") == "end"
+        next_ramp = r.get("s") == step + 1 and r.get("p") == "ramp" and "prev_drained" in r
+        this_end = r.get("s") == step and r.get("p") in ("end", "rest")      # rest: a rate ladder's
         if r.get("k") == "phase" and (next_ramp or this_end):
             drain = r.get("prev_drained", r.get("drained"))
             break
@@ -430,7 +456,9 @@ def step_flags(m, c, chk, no_usage=0):
         add("client_lag", f"the load process's event loop was {cl['lag_mean_ms']:.1f} ms late on average "
             f"(limit {mean_limit:.1f} ms): TTFT and ITL are late by as much")
     srv = m["server"]
-    if srv is not None and srv["concurrency_mean"] < chk["concurrency_min_ratio"] * c:
+    if c is None:
+        rate_flags(m, chk, add)
+    if c is not None and srv is not None and srv["concurrency_mean"] < chk["concurrency_min_ratio"] * c:
         # Requests the client had in flight but the engine did not hold were somewhere else: in a
         # hidden client-side queue (a connection cap), in transit, or in the server's frontend
         # (HTTP, chat template, tokenizing, streaming). Little's law turns the missing concurrency
@@ -446,7 +474,7 @@ def step_flags(m, c, chk, no_usage=0):
         else:
             add("frontend_share", f"the server's engine held {srv['concurrency_mean']:.1f} of {c} requests on "
                 f"average: {outside:.0f} ms per request went to the frontend and transit (short requests)")
-    if cl["inflight_mean"] is not None and cl["inflight_mean"] < chk["concurrency_min_ratio"] * c:
+    if c is not None and cl["inflight_mean"] is not None and cl["inflight_mean"] < chk["concurrency_min_ratio"] * c:
         add("client_concurrency_low", f"the client kept {cl['inflight_mean']:.1f} requests in flight on "
             f"average, not {c}")
     lit = m["littles_law"]
@@ -463,14 +491,18 @@ def step_flags(m, c, chk, no_usage=0):
                         f"{math.ceil(need['requests_per_user'] * (m['e2el_ms']['mean'] or 0) / 1000.0)} s)")
         add("littles_law", message)
     ramp = m.get("ramp")
-    if ramp and ramp.get("users_reached") is not None and ramp["users_reached"] < c:
-        add("ramp_incomplete", f"only {ramp['users_reached']} of {c} users were started")
+    users = c if c is not None else (ramp or {}).get("users")
+    if ramp and ramp.get("users_reached") is not None and users is not None and ramp["users_reached"] < users:
+        add("ramp_incomplete", f"only {ramp['users_reached']} of {users} users were started")
     req = m["requests"]
     if req["completed"] == 0:
         add("no_completed_requests", "no request of the measured window completed")
-    elif req["completed"] < chk["min_requests_per_user"] * c:
+    elif c is not None and req["completed"] < chk["min_requests_per_user"] * c:
         add("few_requests", f"{req['completed']} requests completed in the window, fewer than "
             f"{chk['min_requests_per_user']} per user: the figures are noisy")
+    elif c is None and req["completed"] < chk["min_requests_rate_step"]:
+        add("few_requests", f"{req['completed']} requests completed in the window, fewer than "
+            f"{chk['min_requests_rate_step']}: the figures are noisy (a longer window or a higher rate)")
     if req["failed"]:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(req["errors"].items()))
         add("errors", f"{req['failed']} of {req['measured']} measured requests failed ({kinds})")
@@ -484,6 +516,38 @@ def step_flags(m, c, chk, no_usage=0):
     if no_usage:
         add("no_usage", f"{no_usage} responses carried no usage: their output tokens are chunk counts")
     return flags
+
+
+def rate_capacity(steps, limits, top):
+    """A rate ladder's answer: each valid step judged on the SLO with its exact percentiles
+    (rate_ladder.judge, the verdict kept on the step), and the highest rate that met it below every
+    rate that did not (rate_ladder.capacity); None without an SLO."""
+    if not limits:
+        return None
+    results = []
+    for st in steps:
+        if not st["valid"]:
+            continue
+        st["slo_verdict"] = rate_ladder.judge(st, limits)
+        results.append((st["rate"]["offered"], st["slo_verdict"]["passed"]))
+    return rate_ladder.capacity(results, limits, top)
+
+
+def rate_flags(m, chk, add):
+    """A rate step's own checks: the client sent on schedule, and offered the rate it promised."""
+    rate = m.get("rate") or {}
+    late = (rate.get("dispatch_delay_ms") or {}).get("p99")
+    if late is not None and late > chk["dispatch_delay_p99_max_ms"]:
+        add("dispatch_late", f"the client sent its requests {late:.1f} ms after their scheduled time at p99 "
+            f"(limit {chk['dispatch_delay_p99_max_ms']:g} ms): it did not offer the arrival process it promised; "
+            "more load processes (benchmark_processes) or a lower rate")
+    offered, achieved, n = rate.get("offered"), rate.get("achieved"), m["requests"]["measured"]
+    if offered and achieved is not None and n:
+        # a Poisson count of n varies by sqrt(n): only a gap beyond chance and the tolerance is told
+        allowed = max(chk["rate_tolerance"], 3.0 / math.sqrt(n))
+        if abs(achieved / offered - 1.0) > allowed:
+            add("rate_off", f"the window's requests arrived at {achieved:.2f} req/s, not the {offered:g} offered "
+                f"(±{allowed:.0%})")
 
 
 # --- the whole run --------------------------------------------------------------------------------
@@ -573,18 +637,29 @@ def analyze(raw, *, slo=None, checks=None):
         raise ValueError("the raw folder has no master.jsonl start record: the load run did not start")
     cfg = start["config"]
     ladder = cfg["ladder"]
+    by_rate = cfg.get("mode") == "rate"
     run_steps = sorted({r["s"] for r in raw["master"] if r.get("k") == "phase" and r.get("s", -1) >= 0})
     steps = []
     for i in run_steps:
-        if _master_phase(raw, i, "measure") is None:
+        measure = _master_phase(raw, i, "measure")
+        if measure is None:
             continue
-        steps.append(step_metrics(raw, i, ladder[i], slo=slo if slo is not None else cfg.get("slo"),
-                                  checks=chk))
+        # a rate step's rate is the master's (the sweep's, or the capacity search's choice)
+        steps.append(step_metrics(raw, i, None if by_rate else ladder[i],
+                                  slo=slo if slo is not None else cfg.get("slo"), checks=chk,
+                                  rate=measure.get("rate") if by_rate else None,
+                                  limits=(cfg.get("limits") or None) if by_rate else None))
     end = next((r for r in raw["master"] if r.get("k") == "phase" and r.get("p") == "end"), None)
     done = next((r for r in raw["master"] if r.get("k") == "done"), None)
-    knee = find_knee([(s["concurrency"], s["output_throughput"]) for s in steps if s["valid"]],
-                     chk["knee_fraction"], chk["knee_min_efficiency"])
+    if by_rate:
+        knee = {"knee_concurrency": None, "peak_throughput": None, "peak_concurrency": None,
+                "reason": "a rate ladder: see its capacity at the SLO"}
+    else:
+        knee = find_knee([(s["concurrency"], s["output_throughput"]) for s in steps if s["valid"]],
+                         chk["knee_fraction"], chk["knee_min_efficiency"])
     return {"steps": steps, "saturation": knee, "tokens": token_accounting(raw),
+            "mode": "rate" if by_rate else "concurrency",
+            "capacity": rate_capacity(steps, cfg.get("limits") or {}, ladder[-1]) if by_rate else None,
             "stopped_early": end.get("stop_reason") if end else None,
             "complete": done is not None,
             "steps_planned": len(ladder), "steps_run": len(steps), "config": cfg,

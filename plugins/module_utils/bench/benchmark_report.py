@@ -20,6 +20,7 @@ import time
 import traceback
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import rate_ladder
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_bytes
 
 try:
@@ -41,10 +42,23 @@ def iso(wall):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)) if wall else None
 
 
+def load_x(step):
+    """A step's place on the ladder: its concurrency, or a rate ladder's offered rate."""
+    return step["concurrency"] if step.get("concurrency") is not None else step["rate"]["offered"]
+
+
+def load_label(step):
+    """``C=8`` or ``4 req/s``."""
+    return f"C={step['concurrency']}" if step.get("concurrency") is not None else f"{step['rate']['offered']:g} req/s"
+
+
 def build(analysis, *, run_id, host, model, commit, target, deployment=None, previous=None, noise=0.05):
     """The report document (schema modelswap.benchmark/v1) from bench_stats.analyze()."""
     cfg = analysis["config"]
     steps = analysis["steps"]
+    by_rate = analysis.get("mode") == "rate"
+    if by_rate:
+        previous = None     # runs are compared concurrency for concurrency; a rate ladder has its capacity
     report = {
         "schema": bench_stats.SCHEMA,
         "run": {
@@ -58,8 +72,12 @@ def build(analysis, *, run_id, host, model, commit, target, deployment=None, pre
                 "api", "input_tokens", "output_tokens", "ignore_eos", "ladder", "ramp_s", "warmup_s",
                 "measure_s", "measure_max_s", "min_requests_per_user", "max_requests_per_step",
                 "request_timeout_s", "slo", "stop_error_rate", "stop_min_good_ratio", "prompt_format",
-                "words_per_token", "prompt_overhead_tokens")},
+                "words_per_token", "prompt_overhead_tokens", "mode", "burstiness", "max_inflight", "limits",
+                "search_bisections")},
         },
+        # a rate ladder's answer (rate_ladder.capacity) and the sentence that says it
+        "capacity": analysis.get("capacity"),
+        "headline": rate_ladder.headline(host, analysis["capacity"]) if analysis.get("capacity") else None,
         "deployment": deployment or {},
         "steps": steps,
         "saturation": analysis["saturation"],
@@ -119,6 +137,10 @@ def render_json(report):
 
 CSV_COLUMNS = [
     ("concurrency", lambda s: s["concurrency"]),
+    ("rate_offered_req_s", lambda s: (s.get("rate") or {}).get("offered")),
+    ("rate_achieved_req_s", lambda s: (s.get("rate") or {}).get("achieved")),
+    ("dispatch_delay_p99_ms", lambda s: ((s.get("rate") or {}).get("dispatch_delay_ms") or {}).get("p99")),
+    ("slo_passed", lambda s: (s.get("slo_verdict") or {}).get("passed")),
     ("valid", lambda s: s["valid"]),
     ("flags", lambda s: " ".join(f["code"] for f in s["flags"])),
     ("window_s", lambda s: s["window_s"]),
@@ -190,17 +212,43 @@ def token_counts(prompt, output, settings):
             f"usage reported them for {output['n']:,} completed requests")
 
 
+def slo_miss(check):
+    """How a step missed one check of the SLO, in words."""
+    if check["check"] == "error_rate":
+        return f"errors {_f(check['value'], 1, pct=True)} > {_f(check['limit'], 1, pct=True)}"
+    if check.get("over") is None:
+        return f"{check['check']}: no completed request"
+    return (f"{check['check']}: {_f(check['over'], 1, pct=True)} of the samples over {check['limit']:g} ms "
+            f"(more than 1%; p99 {_f(check['value'])} ms)")
+
+
 def render_markdown(report, plots_written=None, plots_error=None):
     run, dep, sat = report["run"], report["deployment"] or {}, report["saturation"]
     s = run["settings"]
     out = [f"# Benchmark: {run['model']} on {run['host']}", ""]
     tok = report["tokens"]
+    by_rate = s.get("mode") == "rate"
+    if by_rate:
+        burst = s.get("burstiness") or 1.0
+        loop = ("open loop, Poisson arrivals" if burst == 1 else f"open loop, gamma arrivals of burstiness {burst:g}")
+        if s.get("max_inflight"):
+            loop += f", at most {s['max_inflight']} in flight"
+    else:
+        loop = "closed loop"
     out.append(f"Run `{run['id']}`, {run['started']} → {run['finished'] or 'not finished'}, against "
-               f"{run['target']} ({s['api']} API, closed loop): "
+               f"{run['target']} ({s['api']} API, {loop}): "
                + token_counts(tok.get("prompt_tokens_per_request"), tok.get("output_tokens_per_request"), s) + ".")
     out.append("")
-    valid = [st for st in report["steps"] if st["valid"]]
-    if sat.get("peak_throughput") is not None:
+    if report.get("headline"):
+        out.append(f"**{report['headline']}.**")
+        out.append("")
+    if by_rate:
+        valid = [st for st in report["steps"] if st["valid"]]
+        if not valid:
+            out.append("**No valid step: no figure can be reported.**")
+        elif not report.get("headline"):
+            out.append("Rates only, without an SLO (benchmark_slo): no capacity was searched.")
+    elif sat.get("peak_throughput") is not None:
         line = (f"**Peak output throughput {_f(sat['peak_throughput'])} tok/s at concurrency "
                 f"{sat['peak_concurrency']}.** ")
         if sat.get("knee_concurrency") is not None:
@@ -215,7 +263,7 @@ def render_markdown(report, plots_written=None, plots_error=None):
     if invalid:
         out.append("")
         out.append("Invalid steps (not the server's figures): " + "; ".join(
-            f"C={st['concurrency']}: " + ", ".join(f["code"] for f in st["flags"] if f["severity"] == "invalid")
+            f"{load_label(st)}: " + ", ".join(f["code"] for f in st["flags"] if f["severity"] == "invalid")
             for st in invalid) + ".")
     if run["stopped_early"]:
         out += ["", f"**Stopped early:** {run['stopped_early']}."]
@@ -232,14 +280,14 @@ def render_markdown(report, plots_written=None, plots_error=None):
     out += ["| item | value |", "|---|---|"]
     out += [f"| {k} | {'-' if v is None else v} |" for k, v in keys]
     out += ["", "## Steps", "",
-            "| C | valid | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
+            f"| {'rate' if by_rate else 'C'} | valid | req/s | output tok/s | total tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
             "ITL p50 / p99 ms | E2EL p50 / p99 ms | errors | server C (wait) | KV cache | client CPU / lag p99 |",
             "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for st in report["steps"]:
         srv = st["server"] or {}
         cl = st["client"]
         out.append(
-            f"| {st['concurrency']} | {'yes' if st['valid'] else '**no**'} | {_f(st['request_throughput'], 2)} | "
+            f"| {load_x(st):g} | {'yes' if st['valid'] else '**no**'} | {_f(st['request_throughput'], 2)} | "
             f"{_f(st['output_throughput'])} | {_f(st['total_token_throughput'])} | "
             f"{_f(st['ttft_ms']['median'])} / {_f(st['ttft_ms']['p99'])} | "
             f"{_f(st['tpot_ms']['median'])} / {_f(st['tpot_ms']['p99'])} | "
@@ -249,12 +297,26 @@ def render_markdown(report, plots_written=None, plots_error=None):
             f"{_f(srv.get('concurrency_mean'))} ({_f(srv.get('waiting_mean'))}) | "
             f"{_f(srv.get('kv_cache_usage_mean'), 0, pct=True)} | "
             f"{_f(cl['cpu_mean_max'], 0, pct=True)} / {_f(cl['lag_p99_ms'])} ms |")
+    if by_rate:
+        out += ["", "Rate steps in the order they ran (the sweep, then the search's bisections):", "",
+                "| rate offered | achieved | dispatch delay p50 / p99 ms | wait at the cap p99 ms | SLO |",
+                "|---:|---:|---:|---:|---|"]
+        for st in report["steps"]:
+            rate, verdict = st["rate"], st.get("slo_verdict")
+            dd = rate["dispatch_delay_ms"]
+            if verdict is None:
+                slo = "-" if st["valid"] else "not judged (invalid)"
+            else:
+                slo = ("met" if verdict["passed"] else "missed: " + "; ".join(
+                    slo_miss(c) for c in verdict["checks"] if not c["passed"]))
+            out.append(f"| {rate['offered']:g} | {_f(rate['achieved'], 2)} | {_f(dd['median'], 2)} / {_f(dd['p99'], 2)} | "
+                       f"{_f(rate['cap_wait_ms']['p99'], 1)} | {slo} |")
     flagged = [st for st in report["steps"] if st["flags"]]
     if flagged:
         out += ["", "## Flags", ""]
         for st in flagged:
             for fl in st["flags"]:
-                out.append(f"- C={st['concurrency']} **{fl['code']}** ({fl['severity']}): {fl['message']}")
+                out.append(f"- {load_label(st)} **{fl['code']}** ({fl['severity']}): {fl['message']}")
     out += ["", "## Token accounting", "",
             f"Client (usage of every request of the run): {tok['client_completion_tokens']:,} output, "
             f"{tok['client_prompt_tokens']:,} prompt tokens. Server counters (vllm:generation_tokens_total, "
@@ -265,7 +327,9 @@ def render_markdown(report, plots_written=None, plots_error=None):
                                                    else "No server counters to compare."))]
     cmp = report["comparison"]
     out += ["", "## Compared with the previous run", ""]
-    if cmp is None:
+    if cmp is None and by_rate:
+        out.append("Rate ladders are not compared run to run: their capacity at the SLO is the figure to compare.")
+    elif cmp is None:
         out.append("No previous complete run of this model on this host.")
     else:
         out.append(f"Previous run `{cmp['previous_run']}` (commit {cmp['previous_commit'] or '-'}); "
@@ -310,28 +374,29 @@ class PlainLogFormatter(LogFormatter):
 
 def _concurrency_axis(ax, steps):
     ax.set_xscale("log", base=2)
-    ax.set_xticks([s["concurrency"] for s in steps])
+    ax.set_xticks(sorted({load_x(s) for s in steps}))
     ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("concurrency (streams)")
+    by_rate = any(s.get("concurrency") is None for s in steps)
+    ax.set_xlabel("offered rate (requests / s)" if by_rate else "concurrency (streams)")
     ax.grid(True, which="major", alpha=0.3)
 
 
 def throughput_figure(report, previous=None):
     """The throughput plot (a matplotlib figure; the caller closes it)."""
-    steps = report["steps"]
+    steps = sorted(report["steps"], key=load_x)        # a search runs its rates out of order
     sat = report["saturation"]
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=100)
     for key, label, color in (("output_throughput", "output tok/s", "tab:blue"),
                               ("total_token_throughput", "total tok/s", "tab:green")):
-        xs = [s["concurrency"] for s in steps if s[key] is not None]
+        xs = [load_x(s) for s in steps if s[key] is not None]
         ys = [s[key] for s in steps if s[key] is not None]
         ax.plot(xs, ys, "-", color=color, label=label)
-        ax.scatter([s["concurrency"] for s in steps if s[key] is not None and s["valid"]],
+        ax.scatter([load_x(s) for s in steps if s[key] is not None and s["valid"]],
                    [s[key] for s in steps if s[key] is not None and s["valid"]], color=color, zorder=3)
         bad = [s for s in steps if s[key] is not None and not s["valid"]]
         if bad:
-            ax.scatter([s["concurrency"] for s in bad], [s[key] for s in bad], facecolors="none",
+            ax.scatter([load_x(s) for s in bad], [s[key] for s in bad], facecolors="none",
                        edgecolors="red", s=90, zorder=4, label=f"{label} (invalid step)")
     if previous:
         psteps = [s for s in previous.get("steps", []) if s.get("output_throughput") is not None]
@@ -351,16 +416,16 @@ def throughput_figure(report, previous=None):
 
 def latency_figure(report):
     """The latency percentiles plot, log scales with plain tick labels (the caller closes it)."""
-    steps = report["steps"]
+    steps = sorted(report["steps"], key=load_x)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), dpi=100)
     for ax, key, title in zip(axes, ("ttft_ms", "tpot_ms", "e2el_ms"), ("TTFT", "TPOT", "E2E latency")):
         for stat, style in (("median", "-o"), ("p90", "--s"), ("p99", ":^")):
-            pts = [(s["concurrency"], s[key][stat]) for s in steps if s[key][stat] is not None]
+            pts = [(load_x(s), s[key][stat]) for s in steps if s[key][stat] is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=stat, markersize=4)
         bad = [s for s in steps if not s["valid"] and s[key]["median"] is not None]
         if bad:
-            ax.scatter([s["concurrency"] for s in bad], [s[key]["median"] for s in bad], facecolors="none",
+            ax.scatter([load_x(s) for s in bad], [s[key]["median"] for s in bad], facecolors="none",
                        edgecolors="red", s=90, zorder=4, label="invalid step")
         _concurrency_axis(ax, steps)
         ax.set_yscale("log")

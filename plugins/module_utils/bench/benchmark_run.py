@@ -7,6 +7,7 @@ import json
 import os
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.bench import bench_stats
+from ansible_collections.modelswap.vllm.plugins.module_utils.bench import rate_ladder
 
 CONFIG_SCHEMA = 1
 RAMP_GRACE_S = 30          # the ladder moves on when a ramp has not finished this long after ramp_s
@@ -26,12 +27,42 @@ def validate_ladder(values):
     return None
 
 
+def by_rate(p):
+    return p.get("mode") == "rate"
+
+
+def search_on(p):
+    """A rate ladder with an SLO searches for the capacity (the sweep, then bisections)."""
+    return by_rate(p) and bool(p.get("capacity_slo"))
+
+
+def steps_at_most(p):
+    if by_rate(p):
+        return len(p.get("rates") or []) + (int(p.get("bisections") or 0) if search_on(p) else 0)
+    return len(p["concurrency"])
+
+
 def validate(p):
     """Every cross-field problem of the run's settings, as messages (empty when fine)."""
     problems = []
-    err = validate_ladder(p["concurrency"])
+    if by_rate(p):
+        err = rate_ladder.validate_rates(p.get("rates"))
+        err = err or rate_ladder.burstiness_problem(p.get("burstiness"))
+        if p.get("max_inflight") is None or p["max_inflight"] < 0:
+            problems.append(f"max_inflight must be 0 (no cap) or more; got {p.get('max_inflight')}")
+        if p.get("bisections") is None or p["bisections"] < 0:
+            problems.append(f"bisections must be 0 (the sweep alone) or more; got {p.get('bisections')}")
+    else:
+        err = validate_ladder(p["concurrency"])
+    try:
+        rate_ladder.parse_slo(p.get("capacity_slo"))
+    except rate_ladder.SloError as exc:
+        problems.append(str(exc))
+    if p.get("capacity_slo") and not by_rate(p):
+        problems.append("capacity_slo is for a rate ladder (mode: rate), which searches the highest rate that "
+                        "meets it; a concurrency ladder's SLO is slo (ttft_ms, tpot_ms, e2el_ms)")
     if err:
-        problems.append(err)
+        problems.insert(0, err)
     for key in ("input_tokens", "output_tokens", "measure_s", "measure_max_s", "request_timeout_s",
                 "max_requests_per_step"):
         if p[key] is None or p[key] <= 0:
@@ -62,7 +93,7 @@ def drain_timeout(p):
 def bounds(p):
     """The most the run can take: seconds (every step at its longest, plus start-up and the final
     drain) and measured requests. Locust is killed at the time bound."""
-    steps = len(p["concurrency"])
+    steps = steps_at_most(p)
     per_step = (float(p["ramp_s"]) + RAMP_GRACE_S + float(p["warmup_s"]) + float(p["measure_max_s"])
                 + drain_timeout(p) + 2.0)
     seconds = START_GRACE_S + steps * per_step + drain_timeout(p)
@@ -75,6 +106,8 @@ def window_warnings(p, tolerance=None):
     check (bench_stats.littles_law_window, the rule the littles_law flag states), as messages;
     empty when every window is sure to hold enough requests per user. Before the run the E2E
     latency is unknown, so only the request counts can be checked."""
+    if by_rate(p):
+        return []               # an open loop's window holds what its rate sends: no Little's law check
     tolerance = tolerance or bench_stats.DEFAULT_CHECKS["littles_law_tolerance"]
     need = bench_stats.littles_law_window(tolerance)
     n, multiple = need["requests_per_user"], need["e2el_multiple"]
@@ -114,6 +147,8 @@ def plan_lines(p, bounds, warnings=()):
         stops.append(f"a step's error rate above {p['stop_error_rate']:.1%}")
     if slo and p.get("stop_min_good_ratio") is not None:
         stops.append(f"fewer than {p['stop_min_good_ratio']:.0%} of a step's requests meeting the SLOs")
+    if search_on(p):
+        stops = ["nothing (the capacity search runs past a step that misses the SLO)"]
     if p.get("expect_workers"):
         load = f"a Locust master for {p['expect_workers']} worker host(s)"
     elif p.get("processes"):
@@ -121,19 +156,35 @@ def plan_lines(p, bounds, warnings=()):
                 else f"{p['processes']} Locust worker processes")
     else:
         load = "one Locust process"
+    tokens = (f"~{p['input_tokens']} prompt tokens, {p['output_tokens']} output tokens per request"
+              f"{' (ignore_eos)' if p.get('ignore_eos') else ''}")
+    if by_rate(p):
+        rates = ",".join(f"{r:g}" for r in p["rates"])
+        arrivals = ("Poisson arrivals" if p["burstiness"] == 1 else f"gamma arrivals of burstiness {p['burstiness']:g}")
+        cap = f", at most {p['max_inflight']} in flight" if p.get("max_inflight") else ""
+        ladder_line = f"  ladder: {rates} req/s (open loop, {arrivals}, seed {p.get('seed') or 0}{cap}); {tokens}"
+        window = (f"a measured window of {p['measure_s']:g} s (at most {p['max_requests_per_step']:,} requests), "
+                  f"then a drain of at most {drain_timeout(p):g} s")
+    else:
+        ladder_line = f"  ladder: C={ladder} (closed loops, no wait); {tokens}"
+        window = (f"measured window {p['measure_s']:g} s to {p['measure_max_s']:g} s until it holds "
+                  f"{p['min_requests_per_user']:g} requests per user (at most {p['max_requests_per_step']:,}), "
+                  f"then a drain of at most {drain_timeout(p):g} s")
     lines = [
         f"  target: {p['url'].rstrip('/')} ({p['api']} API), model {p['model']}",
-        f"  ladder: C={ladder} (closed loops, no wait); ~{p['input_tokens']} prompt tokens, "
-        f"{p['output_tokens']} output tokens per request{' (ignore_eos)' if p.get('ignore_eos') else ''}",
-        f"  each step: ramp {p['ramp_s']:g} s, warm-up {p['warmup_s']:g} s (discarded), measured window "
-        f"{p['measure_s']:g} s to {p['measure_max_s']:g} s until it holds {p['min_requests_per_user']:g} requests "
-        f"per user (at most {p['max_requests_per_step']:,}), then a drain of at most {drain_timeout(p):g} s",
+        ladder_line,
+        f"  each step: ramp {p['ramp_s']:g} s, warm-up {p['warmup_s']:g} s (discarded), {window}",
         f"  requests time out after {p['request_timeout_s']:g} s; SLOs: {slo or 'none'}; stops early on: "
         f"{' or '.join(stops) or 'nothing'}",
         f"  bounds: at most {bounds['seconds']:,} s in all ({_duration(bounds['seconds'])}; Locust is killed "
         f"past it), {bounds['seconds_per_step_max']:,} s per step, {bounds['measured_requests']:,} measured requests",
         f"  load: {load}, scheduling {p.get('scheduling') or 'normal'}",
     ]
+    if search_on(p):
+        limits = rate_ladder.parse_slo(p["capacity_slo"])
+        lines.append(f"  capacity at the SLO ({rate_ladder.slo_words(limits)}): the rates above as a sweep until "
+                     f"one misses it, then {p['bisections']} bisection step(s) between the highest that met it "
+                     f"and the lowest that did not")
     lines += [f"  WARNING: {w}" for w in warnings]
     return lines
 
@@ -148,7 +199,12 @@ def config(p, raw_dir):
         "input_tokens": p["input_tokens"], "output_tokens": p["output_tokens"], "ignore_eos": p["ignore_eos"],
         "prompt_source": p["prompt_source"], "prompt_format": p["prompt_format"],
         "words_per_token": p["words_per_token"], "prompt_overhead_tokens": p["prompt_overhead_tokens"],
-        "ladder": list(p["concurrency"]), "ramp_s": p["ramp_s"], "warmup_s": p["warmup_s"],
+        "mode": "rate" if by_rate(p) else "concurrency",
+        "ladder": list(p["rates"]) if by_rate(p) else list(p["concurrency"]),
+        "burstiness": float(p.get("burstiness") or 1.0), "max_inflight": int(p.get("max_inflight") or 0),
+        "limits": rate_ladder.parse_slo(p.get("capacity_slo")),
+        "search_bisections": int(p.get("bisections") or 0) if search_on(p) else None,
+        "ramp_s": p["ramp_s"], "warmup_s": p["warmup_s"],
         "measure_s": p["measure_s"], "measure_max_s": p["measure_max_s"],
         "min_requests_per_user": p["min_requests_per_user"], "max_requests_per_step": p["max_requests_per_step"],
         "request_timeout_s": p["request_timeout_s"], "drain_timeout_s": drain_timeout(p),

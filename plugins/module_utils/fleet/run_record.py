@@ -44,6 +44,8 @@ class RecordInputs(TypedDict, total=False):
 
 RECORD_REQUIRED = ("host", "run_id", "target", "plan", "check_mode")
 PRESTAGE_KEYS = ("skipped", "reason", "bytes_total", "bytes_read", "seconds", "bytes_per_s", "complete")
+# what the run record keeps of benchmark_result (beside its paths)
+BENCHMARK_KEPT = ("saturation", "stopped_early", "comparison", "capacity", "headline")
 
 
 def record_inputs(values) -> RecordInputs:
@@ -113,7 +115,7 @@ def run_record(inputs: RecordInputs) -> dict:
         "prestage": ({k: prestage.get(k) for k in PRESTAGE_KEYS}
                      if isinstance(prestage, dict) and not prestage.get("skipped_by_ansible") and "bytes_total" in prestage
                      else None),
-        "benchmark": (dict({k: benchmark.get(k) for k in ("saturation", "stopped_early", "comparison")},
+        "benchmark": (dict({k: benchmark.get(k) for k in BENCHMARK_KEPT},
                            run_dir=clean_path(benchmark.get("run_dir")), report=clean_path(benchmark.get("report")))
                       if benchmark else None),
     }

@@ -19,6 +19,13 @@
 #   was sent in and report progress back, so the window's start and end are each worker's own
 #   clock readings (no cross-host clock sync needed).
 # - Closed loop without wait time: `--max-concurrency C` of `vllm bench serve` == C users here.
+# - Rate mode (open loop): one user per load process sends each request at a scheduled time, the
+#   gaps from a seeded gamma process (rate_ladder.interarrival, `vllm bench serve --request-rate R
+#   --burstiness B`), each request in a greenlet of its own; a request records when it was due, so
+#   the report sees how late the client sent it (dispatch delay). With a search, the master picks
+#   each next rate from the steps' SLO verdicts (rate_ladder.next_rate). Between two rates nothing
+#   is sent until every request has ended ("rest"): a rate past the server's leaves a queue that
+#   would otherwise be measured at the next one.
 from __future__ import annotations
 
 import gc
@@ -33,11 +40,14 @@ from urllib.parse import urlsplit
 
 import gevent
 from geventhttpclient import HTTPClient
+from gevent.lock import BoundedSemaphore
 from locust import LoadTestShape, User, constant, events, task
 from locust.runners import MasterRunner, WorkerRunner
 # Shipped beside this file (the collection's plugins/module_utils/serving/vllm_metrics.py): the probe reads
 # /metrics with the same rules.
 from vllm_metrics import parse_metrics
+# Shipped beside this file too (the collection's plugins/module_utils/bench/rate_ladder.py).
+from rate_ladder import interarrival, judge_counts, next_rate
 
 perf = time.perf_counter
 SCHEMA = 1
@@ -128,12 +138,14 @@ class Prompts:
 class LoadState:
     """Phase, counters and the raw record file of one load process."""
 
-    def __init__(self, cfg, wid):
+    def __init__(self, cfg, wid, index=0):
         self.cfg = cfg
         self.wid = wid
+        self.index = index       # the worker's index (0 for a local run): seeds its arrivals
         self.step = -1
         self.phase = "idle"
         self.users = 0
+        self.rate = 0.0          # rate mode: this process's share of the step's rate (req/s)
         self.inflight = 0
         self.sent = {}
         self.done = {}
@@ -150,14 +162,21 @@ class LoadState:
             self.headers["Authorization"] = f"Bearer {cfg['api_key']}"
         slo = cfg.get("slo") or {}
         self.slo = (slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("e2el_ms"))
+        # rate mode: the SLO's p99 limits, counted per step for the master's search
+        self.limits = cfg.get("limits") or {}
+        self.over = {}
+        cap = int(cfg.get("max_inflight") or 0)
+        self.cap = BoundedSemaphore(cap) if cfg.get("mode") == "rate" and cap > 0 else None
 
     def write(self, rec):
         self.fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
-    def set_phase(self, step, phase, users):
+    def set_phase(self, step, phase, users, rate=None):
         self.step, self.phase, self.users = step, phase, users
+        if rate is not None:
+            self.rate = rate
         self.write({"k": "phase", "w": self.wid, "s": step, "p": phase, "t": perf(), "wall": time.time(),
-                    "users": users})
+                    "users": users, "rate": rate})
         if phase in ("drain", "end"):
             self.fh.flush()
 
@@ -165,7 +184,22 @@ class LoadState:
         s = self.step
         return {"w": self.wid, "s": s, "p": self.phase, "sent": self.sent.get(s, 0),
                 "done": self.done.get(s, 0), "err": self.err.get(s, 0), "good": self.good.get(s, 0),
-                "inflight": self.inflight}
+                "inflight": self.inflight, "over": self.over.get(s, {})}
+
+    def count_over(self, step, ttft, e2el, gaps):
+        """Rate mode: a completed measured request against the SLO's p99 limits (judge_counts)."""
+        if not self.limits:
+            return
+        c = self.over.setdefault(step, {"ok": 0, "ttft_over": 0, "e2el_over": 0, "itl_over": 0, "itl_n": 0})
+        c["ok"] += 1
+        lim = self.limits
+        if lim.get("ttft_p99_ms") is not None and ttft * 1000.0 > lim["ttft_p99_ms"]:
+            c["ttft_over"] += 1
+        if lim.get("e2el_p99_ms") is not None and e2el * 1000.0 > lim["e2el_p99_ms"]:
+            c["e2el_over"] += 1
+        if lim.get("itl_p99_ms") is not None:
+            c["itl_n"] += len(gaps)
+            c["itl_over"] += sum(1 for g in gaps if g * 1000.0 > lim["itl_p99_ms"])
 
     def is_good(self, ttft, tpot, e2el):
         for limit, value in zip(self.slo, (ttft, tpot, e2el)):
@@ -245,9 +279,12 @@ class LLMUser(User):
 
     def on_start(self):
         self.http = self._client()
+        self.idle = []                 # rate mode: connections of finished requests, for the next ones
 
     def on_stop(self):
         self.http.close()
+        for http in self.idle:
+            http.close()
 
     def _client(self):
         s = STATE
@@ -261,7 +298,50 @@ class LLMUser(User):
         if s.phase in ("idle", "end"):
             gevent.sleep(0.05)
             return
-        cfg = CONFIG
+        if CONFIG.get("mode") == "rate":
+            self._dispatch()
+        else:
+            self.http = self._request(self.http)
+
+    def _dispatch(self):
+        """Rate mode: send requests at this process's share of the step's rate, on a seeded
+        schedule that starts again with each step, each in its own greenlet, until the run ends."""
+        s, cfg = STATE, CONFIG
+        rng = random.Random(f"{cfg.get('seed', 0)}:{s.index}:arrivals")
+        step, due = None, 0.0
+        while s.phase not in ("idle", "end"):
+            if s.phase == "rest" or s.rate <= 0:      # between steps: nothing is sent
+                step = None
+                gevent.sleep(0.02)
+                continue
+            if s.step != step:
+                step, due = s.step, perf()
+            due += interarrival(rng, s.rate, float(cfg.get("burstiness") or 1.0))
+            ahead = due - perf()
+            if ahead > 0:
+                gevent.sleep(ahead)
+            if s.step == step and s.phase not in ("idle", "end", "rest"):
+                gevent.spawn(self._scheduled, due)
+
+    def _scheduled(self, due):
+        s = STATE
+        waited = 0.0
+        if s.cap is not None:           # the in-flight cap: a request waits for a free place
+            t = perf()
+            s.cap.acquire()
+            waited = perf() - t
+        http = self.idle.pop() if self.idle else self._client()
+        try:
+            http = self._request(http, due=due, waited=waited)
+            self.idle.append(http)
+        finally:
+            if s.cap is not None:
+                s.cap.release()
+
+    def _request(self, http, due=None, waited=0.0):
+        """One streamed request on ``http``; returns the connection to use next (a new one after a
+        failure). ``due``: rate mode's scheduled send time; ``waited``: its time at the cap."""
+        s, cfg = STATE, CONFIG
         rid = uuid.uuid4().hex
         messages, prompt = s.prompts.next(rid[:12])
         if cfg["api"] == "chat":
@@ -289,7 +369,7 @@ class LLMUser(User):
         st = perf()                                   # vLLM: monotonic clock just before the POST
         try:
             with gevent.Timeout(float(cfg["request_timeout_s"])):
-                resp = self.http.request("POST", s.path, body=body, headers=headers)
+                resp = http.request("POST", s.path, body=body, headers=headers)
                 status = resp.status_code
                 if status != 200:
                     text = resp.read()
@@ -346,8 +426,8 @@ class LLMUser(User):
         finally:
             if err is not None:
                 # a half-read response must not go back to the pool
-                self.http.close()
-                self.http = self._client()
+                http.close()
+                http = self._client()
             s.inflight -= 1
         e2el = ttft = tpot = None
         if chunks:
@@ -359,15 +439,22 @@ class LLMUser(User):
             s.done[step] = s.done.get(step, 0) + 1
             if err is not None:
                 s.err[step] = s.err.get(step, 0) + 1
-            elif s.is_good(ttft, tpot, e2el):
-                s.good[step] = s.good.get(step, 0) + 1
-        s.write({"k": "req", "w": s.wid, "s": step, "p": phase, "id": rid, "t": wall, "st": st,
-                 "c": [round(c - st, 7) for c in chunks], "u": usage, "f": finish, "h": status,
-                 "e": err, "m": msg, "d": done, "r": role_first})
+            else:
+                if s.is_good(ttft, tpot, e2el):
+                    s.good[step] = s.good.get(step, 0) + 1
+                s.count_over(step, ttft, e2el, [b - a for a, b in zip(chunks, chunks[1:])])
+        rec = {"k": "req", "w": s.wid, "s": step, "p": phase, "id": rid, "t": wall, "st": st,
+               "c": [round(c - st, 7) for c in chunks], "u": usage, "f": finish, "h": status,
+               "e": err, "m": msg, "d": done, "r": role_first}
+        if due is not None:
+            # how late it left: the send minus its scheduled time, and the part spent at the cap
+            rec["q"], rec["qw"] = round(st - due, 7), round(waited, 7)
+        s.write(rec)
         self.environment.events.request.fire(
             request_type="POST", name=s.path, response_time=(e2el or (perf() - st)) * 1000.0,
             response_length=nbytes, exception=RuntimeError(f"{err}: {msg}") if err else None,
             context={})
+        return http
 
 
 def error_message(raw):
@@ -397,17 +484,53 @@ class Ladder(LoadTestShape):
         self.phase = "idle"
         self.since = 0.0
         self.finished = False
+        # rate mode: each step's rate (the sweep's, then the search's) and its verdict
+        self.rates = []
+        self.verdicts = []
+
+    @property
+    def rate_mode(self):
+        return CONFIG.get("mode") == "rate"
+
+    def _users(self):
+        """The step's users: its concurrency, or in rate mode one per load process."""
+        if self.rate_mode:
+            return self._expected_workers() if 0 <= self.i < len(self.rates) else 0
+        ladder = CONFIG["ladder"]
+        return ladder[self.i] if 0 <= self.i < len(ladder) else 0
+
+    def _steps(self):
+        return len(self.rates) if self.rate_mode else len(CONFIG["ladder"])
 
     def _go(self, phase, **extra):
         m = MASTER
         self.phase, self.since = phase, perf()
-        users = CONFIG["ladder"][self.i] if 0 <= self.i < len(CONFIG["ladder"]) else 0
+        users = self._users()
         m.step, m.phase = self.i, phase
         rec = {"k": "phase", "w": "master", "s": self.i, "p": phase, "t": self.since, "wall": time.time(),
                "users": users}
+        msg = {"s": self.i, "p": phase, "users": users}
+        if self.rate_mode and 0 <= self.i < len(self.rates):
+            rec["rate"] = self.rates[self.i]
+            msg["rate"] = self.rates[self.i] / max(1, users)     # each load process's share
         rec.update(extra)
         m.write(rec)
-        self.runner.send_message("bench_phase", {"s": self.i, "p": phase, "users": users})
+        self.runner.send_message("bench_phase", msg)
+
+    def _next_rate(self, t):
+        """Rate mode, after a step's drain: judge it (with an SLO) and pick the next rate, or None."""
+        cfg = CONFIG
+        limits = cfg.get("limits") or {}
+        if limits:
+            over = {"sent": t["sent"], "err": t["err"]}
+            for p in MASTER.progress.values():
+                if p["s"] == self.i and p["p"] == "drain":
+                    for k, v in (p.get("over") or {}).items():
+                        over[k] = over.get(k, 0) + v
+            self.verdicts.append((self.rates[self.i], judge_counts(over, limits)))
+        if limits and cfg.get("search_bisections") is not None:
+            return next_rate(cfg["ladder"], self.verdicts, int(cfg["search_bisections"]))
+        return cfg["ladder"][self.i + 1] if self.i + 1 < len(cfg["ladder"]) else None
 
     def _totals(self, phase):
         """Sum of the workers' latest progress for the current step, counting only reports made
@@ -431,9 +554,11 @@ class Ladder(LoadTestShape):
         age = now - self.since
         if self.phase == "idle":
             self.i = 0
+            if self.rate_mode:
+                self.rates.append(ladder[0])
             self._go("ramp")
         elif self.phase == "ramp":
-            c = ladder[self.i]
+            c = self._users()
             if self.get_current_user_count() >= c or age > cfg["ramp_s"] + 30:
                 self._go("warmup", ramp_s=round(age, 3), users_reached=self.get_current_user_count())
         elif self.phase == "warmup":
@@ -441,8 +566,9 @@ class Ladder(LoadTestShape):
                 self._go("measure")
         elif self.phase == "measure":
             t = self._totals("measure")
-            c = ladder[self.i]
-            enough = t["sent"] >= cfg["min_requests_per_user"] * c
+            c = self._users()
+            # an open loop's window holds what its rate sends: min_requests_per_user is the closed loop's
+            enough = self.rate_mode or t["sent"] >= cfg["min_requests_per_user"] * c
             if (age >= cfg["measure_s"] and enough) or age >= cfg["measure_max_s"] \
                     or t["sent"] >= cfg["max_requests_per_step"]:
                 self._go("drain", measured_s=round(age, 3), sent=t["sent"], enough=enough)
@@ -451,14 +577,29 @@ class Ladder(LoadTestShape):
             drained = t["workers"] >= self._expected_workers() and t["done"] >= t["sent"]
             if drained or age > cfg["drain_timeout_s"]:
                 reason = self._stop_reason(t)
+                if self.rate_mode:
+                    rate = self._next_rate(t)
+                    if rate is not None and not reason:
+                        self.rates.append(rate)
                 self.i += 1
-                if reason or self.i >= len(ladder):
+                if reason or self.i >= self._steps():
                     self.i -= 1
                     self._go("end", drained=drained, stop_reason=reason, sent=t["sent"], done=t["done"],
                              err=t["err"], good=t["good"])
+                elif self.rate_mode:
+                    # an open loop leaves a queue behind when its rate was past the server's: the next
+                    # rate starts once every request sent so far has ended
+                    self.i -= 1
+                    self._go("rest", drained=drained, sent=t["sent"], done=t["done"], err=t["err"], good=t["good"])
                 else:
                     self._go("ramp", prev_drained=drained, prev_sent=t["sent"], prev_done=t["done"],
                              prev_err=t["err"], prev_good=t["good"])
+        elif self.phase == "rest":
+            t = self._totals("rest")
+            idle = t["workers"] >= self._expected_workers() and t["inflight"] == 0
+            if idle or age > cfg["drain_timeout_s"]:
+                self.i += 1
+                self._go("ramp", rested_s=round(age, 3), idle=idle)
         elif self.phase == "end":
             t = self._totals("end")
             idle = t["workers"] >= self._expected_workers() and t["inflight"] == 0
@@ -469,6 +610,8 @@ class Ladder(LoadTestShape):
                     MASTER.sample_server()
                     MASTER.write({"k": "done", "t": perf(), "wall": time.time(), "idle": idle})
                 return None
+        if self.rate_mode:
+            return (self._users(), 1000.0)
         return (ladder[self.i], self._rate())
 
     def _rate(self):
@@ -478,18 +621,22 @@ class Ladder(LoadTestShape):
         rate = max(1.0, (ladder[self.i] - prev) / max(float(cfg["ramp_s"]), 0.001))
         return min(rate, float(cfg.get("max_spawn_rate", 1000)))
 
+    def _where(self):
+        return f"rate {self.rates[self.i]:g} req/s" if self.rate_mode else f"concurrency {CONFIG['ladder'][self.i]}"
+
     def _stop_reason(self, t):
         cfg = CONFIG
+        if self.rate_mode and cfg.get("search_bisections") is not None:
+            return None             # a capacity search runs past failing steps on purpose
         sent = max(t["sent"], 1)
         limit = cfg.get("stop_error_rate")
         if limit is not None and t["err"] / sent > limit:
-            return f"error rate {t['err'] / sent:.1%} > {limit:.1%} at concurrency {cfg['ladder'][self.i]}"
+            return f"error rate {t['err'] / sent:.1%} > {limit:.1%} at {self._where()}"
         min_good = cfg.get("stop_min_good_ratio")
         if min_good is not None and any(v is not None for v in (cfg.get("slo") or {}).values()):
             good = t["good"] / sent
             if good < min_good:
-                return (f"only {good:.1%} of requests met the SLOs (< {min_good:.0%}) at concurrency "
-                        f"{cfg['ladder'][self.i]}")
+                return f"only {good:.1%} of requests met the SLOs (< {min_good:.0%}) at {self._where()}"
         return None
 
 
@@ -503,7 +650,7 @@ def _on_phase(environment, msg, **_unused):
         gc.collect()
         gc.freeze()
     _collector_for(d["p"])
-    STATE.set_phase(d["s"], d["p"], d["users"])
+    STATE.set_phase(d["s"], d["p"], d["users"], d.get("rate"))
 
 
 # While a step is measured the automatic collector is off: at 1,024 streams its pauses (up to
@@ -598,7 +745,7 @@ def _on_init(environment, **_unused):
     is_worker = isinstance(runner, WorkerRunner)
     if not is_master:
         wid = f"{socket.gethostname()}-{os.getpid()}"
-        STATE = LoadState(CONFIG, wid)
+        STATE = LoadState(CONFIG, wid, getattr(runner, "worker_index", 0))
         runner.register_message("bench_phase", _on_phase)
         gevent.spawn(_client_monitor)
         gevent.spawn(_progress_loop, runner)

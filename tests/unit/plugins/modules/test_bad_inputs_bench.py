@@ -109,6 +109,17 @@ RUN_ROWS = [
     ("unknown scheduling", {"scheduling": "fifo"}, "value of scheduling must be one of: normal, nice, realtime"),
     ("unknown api", {"api": "embeddings"}, "value of api must be one of: chat, completions"),
     ("ladder of words", {"concurrency": ["many"]}, "option 'concurrency' is of type str and we were unable to convert to int"),
+    ("empty rate ladder", {"mode": "rate", "rates": []}, "the rate list is empty: give at least one rate"),
+    ("rate 0", {"mode": "rate", "rates": [0, 2]}, "rates must be above 0 requests per second; got 0.0 in [0.0, 2.0]"),
+    ("falling rates", {"mode": "rate", "rates": [4, 2]}, "rates must rise strictly from step to step"),
+    ("burstiness 0", {"mode": "rate", "rates": [1], "burstiness": 0}, "burstiness must be above 0 (1 is a Poisson"),
+    ("negative in-flight cap", {"mode": "rate", "rates": [1], "max_inflight": -1}, "max_inflight must be 0 (no cap)"),
+    ("SLO without a unit", {"mode": "rate", "rates": [1], "capacity_slo": {"ttft_p99": "2"}},
+     "slo.ttft_p99 is '2': give a duration with its unit, e.g. '2 s' or '80 ms'"),
+    ("error rate without %", {"mode": "rate", "rates": [1], "capacity_slo": {"error_rate": 0.01}},
+     "slo.error_rate is 0.01: give a percentage, e.g. '1%'"),
+    ("capacity SLO on a concurrency ladder", {"capacity_slo": {"ttft_p99": "2 s"}},
+     "capacity_slo is for a rate ladder (mode: rate)"),
 ]
 
 
@@ -187,6 +198,10 @@ ROLE_ROWS = [
     ("repeated step", {"benchmark_concurrency": [2, 2]}, "that rise from step to step"),
     ("unknown api", {"benchmark_api": "grpc"}, "value of benchmark_api must be one of: chat, completions"),
     ("wrong API key", {"benchmark_api_key": "not-the-key"}, "the API key was refused"),
+    ("rate 0", {"benchmark_mode": "rate", "benchmark_rates": [0, 2]}, "rates must be above 0 requests per second"),
+    ("SLO without a unit", {"benchmark_mode": "rate", "benchmark_slo": {"ttft_p99": 2}},
+     "slo.ttft_p99 is 2: give a duration with its unit"),
+    ("burstiness 0", {"benchmark_mode": "rate", "benchmark_burstiness": 0}, "burstiness must be above 0"),
 ]
 
 
@@ -206,5 +221,5 @@ def test_benchmark_role_bad_input(sim, inventory, tmp_path, what, over, fragment
 
 
 def test_the_table_counts():
-    """The closing note of issue 14 counts these rows."""
-    assert len(PROBE_ROWS) + len(RUN_ROWS) + 1 + len(REPORT_ROWS) + len(ROLE_ROWS) == 45
+    """The closing notes count these rows (issue 14: 45; the rate ladder's, issue 30: 11 more)."""
+    assert len(PROBE_ROWS) + len(RUN_ROWS) + 1 + len(REPORT_ROWS) + len(ROLE_ROWS) == 56

@@ -1,0 +1,1 @@
+../../../plugins/module_utils/bench/rate_ladder.py
