@@ -74,6 +74,24 @@ options:
         for a p99 - to pick the next rate; the report judges every step again with its exact percentiles.
     type: dict
     default: {}
+  workload:
+    description:
+      - How the prompts are cut from O(prompt_source)'s prose - C(fixed) (every prompt and answer its set
+        length), C(random) (each prompt and answer length drawn within O(range_ratio) of O(input_tokens) and
+        O(output_tokens), C(vllm bench serve --random-range-ratio)), C(shared_prefix) (the same O(prefix_tokens)
+        first in every prompt, for prefix caching; the report does not flag its cache hits).
+      - A JSONL prompt file brings its own prompts - C(fixed) only.
+    type: str
+    choices: [fixed, random, shared_prefix]
+    default: fixed
+  range_ratio:
+    description: With O(workload=random), the share (above 0, below 1) within which each length is drawn.
+    type: float
+    default: 0.0
+  prefix_tokens:
+    description: With O(workload=shared_prefix), the tokens every prompt shares first (below O(input_tokens)).
+    type: int
+    default: 0
   bisections:
     description: Steps of a capacity search after its sweep, each halving the gap between the highest rate
       that met O(capacity_slo) and the lowest that did not; 0 runs the sweep alone.
@@ -343,6 +361,9 @@ def main():
             max_inflight=dict(type="int", default=0),
             capacity_slo=dict(type="dict", default={}),
             bisections=dict(type="int", default=2),
+            workload=dict(type="str", choices=["fixed", "random", "shared_prefix"], default="fixed"),
+            range_ratio=dict(type="float", default=0.0),
+            prefix_tokens=dict(type="int", default=0, no_log=False),
             input_tokens=dict(type="int", default=1024, no_log=False),
             output_tokens=dict(type="int", default=128, no_log=False),
             ignore_eos=dict(type="bool", default=True),

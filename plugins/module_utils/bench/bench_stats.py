@@ -305,10 +305,12 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None, rate=None, limit
     throughput_out = throughput_req = throughput_in = 0.0
     window_len = []
     per_worker_lengths = {}
+    chunk_rates = {}         # per load process: chunks it received per second of its window
     for wid, recs in raw["workers"].items():
         reqs = [r for r in recs if r.get("k") == "req"]
         win = windows.get(wid)
         tok_in_window = req_in_window = prompt_in_window = 0.0
+        chunks_in_window = 0
         for r in reqs:
             if r.get("s") == step and r.get("p") == "measure":
                 measured.append(r)
@@ -340,6 +342,7 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None, rate=None, limit
             for t, n in token_arrivals(r):
                 if win[0] <= t < win[1]:
                     tok_in_window += n
+            chunks_in_window += sum(1 for off in r.get("c") or () if win[0] <= r["st"] + off < win[1])
             if request_success(r):
                 end = r["st"] + r["c"][-1]
                 if win[0] <= end < win[1]:
@@ -348,6 +351,7 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None, rate=None, limit
         if win is not None:
             length = win[1] - win[0]
             per_worker_lengths[wid] = length
+            chunk_rates[wid] = chunks_in_window / length
             window_len.append(length)
             throughput_out += tok_in_window / length
             throughput_req += req_in_window / length
@@ -401,7 +405,10 @@ def step_metrics(raw, step, concurrency, slo=None, checks=None, rate=None, limit
         "preempted_per_s": max((c["preempted_per_s"] for c in clients.values()), default=None),
         "steal": max((c["steal"] for c in clients.values() if c["steal"] is not None), default=None),
         "inflight_mean": math.fsum(c["inflight_mean"] for c in clients.values()) if clients else None,
-        "per_process": clients}
+        "per_process": clients,
+        # what one load process handled: the figure the flags size more processes by
+        "chunks_per_s": {wid: chunk_rates[wid] for wid in sorted(chunk_rates)},
+        "chunks_per_s_total": math.fsum(chunk_rates.values()) if chunk_rates else None}
     if limits:
         result["slo_over"] = {key: rate_ladder.over_share((v * 1000.0 for v in values), limits[key + "_ms"])
                               for key, values in (("ttft_p99", ttft), ("itl_p99", itl), ("e2el_p99", e2el))
@@ -443,7 +450,8 @@ def step_flags(m, c, chk, no_usage=0):
     cl = m["client"]
     if cl["cpu_mean_max"] is not None and cl["cpu_mean_max"] >= chk["client_cpu_max"]:
         add("client_cpu_saturated", f"a load process used {cl['cpu_mean_max']:.0%} of a core on average "
-            f"(limit {chk['client_cpu_max']:.0%}): the client, not the server, set the pace")
+            f"(limit {chk['client_cpu_max']:.0%}): the client, not the server, set the pace"
+            + processes_needed(cl, chk["client_cpu_max"]))
     itl_med = (m["itl_ms"] or {}).get("median") or 0.0
     ttft_mean = (m["ttft_ms"] or {}).get("mean") or 0.0
     p99_limit = max(chk["client_lag_p99_max_ms"], chk["client_lag_relative_max"] * itl_med)
@@ -451,7 +459,8 @@ def step_flags(m, c, chk, no_usage=0):
     if cl["lag_p99_ms"] is not None and cl["lag_p99_ms"] > p99_limit:
         add("client_lag", f"the load process's event loop was {cl['lag_p99_ms']:.1f} ms late at p99 (limit "
             f"{p99_limit:.1f} ms; {cl['preempted_per_s'] or 0:.0f} preemptions/s, {(cl['steal'] or 0):.0%} of "
-            "its CPUs stolen by the hypervisor): chunk timings, ITL p99 first, are off by as much")
+            "its CPUs stolen by the hypervisor): chunk timings, ITL p99 first, are off by as much"
+            + processes_needed(cl, chk["client_cpu_max"] / 2))
     elif cl["lag_mean_ms"] is not None and cl["lag_mean_ms"] > mean_limit:
         add("client_lag", f"the load process's event loop was {cl['lag_mean_ms']:.1f} ms late on average "
             f"(limit {mean_limit:.1f} ms): TTFT and ITL are late by as much")
@@ -516,6 +525,23 @@ def step_flags(m, c, chk, no_usage=0):
     if no_usage:
         add("no_usage", f"{no_usage} responses carried no usage: their output tokens are chunk counts")
     return flags
+
+
+def processes_needed(cl, cpu_share):
+    """'; ...' saying what one load process handled and how many this step needs for each to stay at
+    ``cpu_share`` of a core ('' without the figures). A lagging loop is sized at half the CPU limit:
+    its lateness grows well before the core is full."""
+    busiest = max(cl.get("per_process") or {}, key=lambda w: cl["per_process"][w]["cpu_mean"], default=None)
+    rate = (cl.get("chunks_per_s") or {}).get(busiest)
+    total = cl.get("chunks_per_s_total")
+    cpu = (cl.get("per_process") or {}).get(busiest, {}).get("cpu_mean")
+    if not rate or not total or not cpu:
+        return ""
+    per_process = rate * cpu_share / cpu
+    needed = max(len(cl["per_process"]) + 1, math.ceil(total / per_process))
+    return (f"; one load process received {rate:,.0f} chunks/s at {cpu:.0%} of a core, and this step's "
+            f"{total:,.0f} chunks/s need about {needed} processes at {cpu_share:.0%} each: set "
+            f"benchmark_processes to {needed} (on this host) or spread the load over benchmark_load_generators")
 
 
 def rate_capacity(steps, limits, top):
@@ -638,6 +664,8 @@ def analyze(raw, *, slo=None, checks=None):
     cfg = start["config"]
     ladder = cfg["ladder"]
     by_rate = cfg.get("mode") == "rate"
+    if cfg.get("workload") == "shared_prefix":
+        chk["prefix_hit_max"] = 1.0        # its prompts share a prefix on purpose: hits are the point
     run_steps = sorted({r["s"] for r in raw["master"] if r.get("k") == "phase" and r.get("s", -1) >= 0})
     steps = []
     for i in run_steps:

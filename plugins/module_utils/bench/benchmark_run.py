@@ -58,6 +58,7 @@ def validate(p):
         rate_ladder.parse_slo(p.get("capacity_slo"))
     except rate_ladder.SloError as exc:
         problems.append(str(exc))
+    problems += workload_problems(p)
     if p.get("capacity_slo") and not by_rate(p):
         problems.append("capacity_slo is for a rate ladder (mode: rate), which searches the highest rate that "
                         "meets it; a concurrency ladder's SLO is slo (ttft_ms, tpot_ms, e2el_ms)")
@@ -84,6 +85,39 @@ def validate(p):
     if p.get("processes") is not None and p["processes"] < -1:
         problems.append(f"processes must be -1 (one per core), 0 (one process) or more; got {p['processes']}")
     return problems
+
+
+def workload_problems(p):
+    """Why the workload's settings cannot run (messages)."""
+    workload = p.get("workload") or "fixed"
+    jsonl = (p.get("prompt_format") or ("jsonl" if str(p.get("prompt_source", "")).endswith(".jsonl") else "text")) == "jsonl"
+    out = []
+    if jsonl and workload != "fixed":
+        out.append(f"workload {workload} cuts prompts from prose; a JSONL prompt file brings its own prompts: "
+                   "use workload fixed with it, or a text prompt_source")
+    ratio = p.get("range_ratio")
+    if workload == "random" and (ratio is None or not 0 < ratio < 1):
+        out.append(f"range_ratio must be above 0 and below 1 for workload random (lengths drawn within ± that "
+                   f"share of input_tokens and output_tokens); got {ratio}")
+    prefix = p.get("prefix_tokens")
+    if workload == "shared_prefix" and (prefix is None or not 0 < prefix < (p.get("input_tokens") or 0)):
+        out.append(f"prefix_tokens must be above 0 and below input_tokens ({p.get('input_tokens')}) for workload "
+                   f"shared_prefix; got {prefix}")
+    return out
+
+
+def workload_words(p):
+    """The request lengths of the plan, in words."""
+    workload = p.get("workload") or "fixed"
+    eos = " (ignore_eos)" if p.get("ignore_eos") else ""
+    if workload == "random":
+        r = p["range_ratio"]
+        return (f"~{p['input_tokens']} prompt tokens and {p['output_tokens']} output tokens per request, each drawn "
+                f"within ±{r:.0%}{eos}")
+    words = f"~{p['input_tokens']} prompt tokens, {p['output_tokens']} output tokens per request{eos}"
+    if workload == "shared_prefix":
+        words += f"; every prompt starts with the same {p['prefix_tokens']} tokens (prefix caching)"
+    return words
 
 
 def drain_timeout(p):
@@ -156,8 +190,7 @@ def plan_lines(p, bounds, warnings=()):
                 else f"{p['processes']} Locust worker processes")
     else:
         load = "one Locust process"
-    tokens = (f"~{p['input_tokens']} prompt tokens, {p['output_tokens']} output tokens per request"
-              f"{' (ignore_eos)' if p.get('ignore_eos') else ''}")
+    tokens = workload_words(p)
     if by_rate(p):
         rates = ",".join(f"{r:g}" for r in p["rates"])
         arrivals = ("Poisson arrivals" if p["burstiness"] == 1 else f"gamma arrivals of burstiness {p['burstiness']:g}")
@@ -198,6 +231,8 @@ def config(p, raw_dir):
         "served_model_name": p["model"],
         "input_tokens": p["input_tokens"], "output_tokens": p["output_tokens"], "ignore_eos": p["ignore_eos"],
         "prompt_source": p["prompt_source"], "prompt_format": p["prompt_format"],
+        "workload": p.get("workload") or "fixed", "range_ratio": p.get("range_ratio") or 0.0,
+        "prefix_tokens": p.get("prefix_tokens") or 0,
         "words_per_token": p["words_per_token"], "prompt_overhead_tokens": p["prompt_overhead_tokens"],
         "mode": "rate" if by_rate(p) else "concurrency",
         "ladder": list(p["rates"]) if by_rate(p) else list(p["concurrency"]),

@@ -103,18 +103,49 @@ class Prompts:
     with the words-per-token ratio the probe measured on the server's own tokenizer; or the lines of
     a user's JSONL ({"prompt": str} or {"messages": [...]}). The nonce goes first so no two requests
     share a prefix-cache block.
+
+    Workloads of the prose: `fixed` (every prompt and answer its set length), `random` (each length
+    drawn uniformly within ± `range_ratio` of it, `vllm bench serve --random-range-ratio`), and
+    `shared_prefix` (the same `prefix_tokens` of prose first in every prompt, the same for every
+    load process, then the nonce and the rest: what prefix caching serves from its cache).
     """
 
     def __init__(self, cfg, seed):
         self.rng = random.Random(seed)
         self.fmt = cfg.get("prompt_format", "text")
+        self.workload = cfg.get("workload") or "fixed"
+        self.range_ratio = float(cfg.get("range_ratio") or 0.0)
+        self.output_tokens = int(cfg["output_tokens"])
         with open(cfg["prompt_source"], encoding="utf-8") as fh:
             if self.fmt == "jsonl":
                 self.items = [json.loads(line) for line in fh if line.strip()]
             else:
                 self.words = fh.read().split()
+        wpt = float(cfg.get("words_per_token", 0.75))
         budget = max(1, cfg["input_tokens"] - int(cfg.get("prompt_overhead_tokens", 0)))
-        self.n_words = max(1, int(round(budget * float(cfg.get("words_per_token", 0.75)))))
+        self.prefix = ""
+        if self.workload == "shared_prefix" and self.fmt != "jsonl":
+            n_prefix = max(1, int(round(int(cfg.get("prefix_tokens") or 0) * wpt)))
+            start = random.Random(f"{cfg.get('seed', 0)}:prefix").randrange(len(self.words))
+            self.prefix = " ".join(self._window(start, n_prefix)) + " "
+            budget = max(1, budget - int(cfg.get("prefix_tokens") or 0))
+        self.n_words = max(1, int(round(budget * wpt)))
+
+    def _window(self, start, n):
+        words = self.words
+        picked = words[start:start + n]
+        while len(picked) < n:
+            picked += words[:n - len(picked)]
+        return picked
+
+    def _ranged(self, n):
+        if self.workload != "random" or self.range_ratio <= 0:
+            return n
+        return max(1, int(round(n * self.rng.uniform(1.0 - self.range_ratio, 1.0 + self.range_ratio))))
+
+    def output_length(self):
+        """This request's output tokens (max_tokens)."""
+        return self._ranged(self.output_tokens)
 
     def next(self, nonce):
         if self.fmt == "jsonl":
@@ -127,12 +158,8 @@ class Prompts:
                         break
                 return msgs, None
             return None, f"[{nonce}] {item['prompt']}"
-        words, n = self.words, self.n_words
-        start = self.rng.randrange(len(words))
-        picked = words[start:start + n]
-        while len(picked) < n:
-            picked += words[:n - len(picked)]
-        return None, f"[{nonce}] " + " ".join(picked)
+        picked = self._window(self.rng.randrange(len(self.words)), self._ranged(self.n_words))
+        return None, f"{self.prefix}[{nonce}] " + " ".join(picked)
 
 
 class LoadState:
@@ -344,11 +371,12 @@ class LLMUser(User):
         s, cfg = STATE, CONFIG
         rid = uuid.uuid4().hex
         messages, prompt = s.prompts.next(rid[:12])
+        out_tokens = s.prompts.output_length()
         if cfg["api"] == "chat":
             payload = {"model": cfg["model"], "messages": messages or [{"role": "user", "content": prompt}],
-                       "max_completion_tokens": cfg["output_tokens"]}
+                       "max_completion_tokens": out_tokens}
         else:
-            payload = {"model": cfg["model"], "prompt": prompt, "max_tokens": cfg["output_tokens"]}
+            payload = {"model": cfg["model"], "prompt": prompt, "max_tokens": out_tokens}
         payload.update(stream=True, stream_options={"include_usage": True})
         if cfg.get("ignore_eos", True):
             payload["ignore_eos"] = True

@@ -162,3 +162,9 @@ def test_a_saturated_client_is_flagged_not_reported(tmp_path):
     assert step["valid"] is False
     assert codes & {"client_cpu_saturated", "client_lag"}
     assert analysis["saturation"]["knee_concurrency"] is None
+    # the flag says by how much: what one process received, and the processes the step needs
+    cl = step["client"]
+    [message] = [f["message"] for f in step["flags"] if f["code"] in ("client_cpu_saturated", "client_lag")][:1]
+    assert f"one load process received {cl['chunks_per_s_total']:,.0f} chunks/s at " in message, message
+    needed = int(message.split("need about ")[1].split()[0])
+    assert needed >= 2 and f"set benchmark_processes to {needed}" in message

@@ -120,6 +120,12 @@ RUN_ROWS = [
      "slo.error_rate is 0.01: give a percentage, e.g. '1%'"),
     ("capacity SLO on a concurrency ladder", {"capacity_slo": {"ttft_p99": "2 s"}},
      "capacity_slo is for a rate ladder (mode: rate)"),
+    ("random lengths without a range", {"workload": "random"},
+     "range_ratio must be above 0 and below 1 for workload random"),
+    ("a prefix as long as the prompt", {"workload": "shared_prefix", "prefix_tokens": 48},
+     "prefix_tokens must be above 0 and below input_tokens (48) for workload shared_prefix; got 48"),
+    ("a prompt file with random lengths", {"workload": "random", "range_ratio": 0.3, "prompt_format": "jsonl"},
+     "a JSONL prompt file brings its own prompts: use workload fixed with it"),
 ]
 
 
@@ -221,5 +227,5 @@ def test_benchmark_role_bad_input(sim, inventory, tmp_path, what, over, fragment
 
 
 def test_the_table_counts():
-    """The closing notes count these rows (issue 14: 45; the rate ladder's, issue 30: 11 more)."""
-    assert len(PROBE_ROWS) + len(RUN_ROWS) + 1 + len(REPORT_ROWS) + len(ROLE_ROWS) == 56
+    """The closing notes count these rows (issue 14: 45; the rate ladder's and workloads', issue 30: 14 more)."""
+    assert len(PROBE_ROWS) + len(RUN_ROWS) + 1 + len(REPORT_ROWS) + len(ROLE_ROWS) == 59

@@ -472,3 +472,16 @@ def test_the_locustfile_reads_metrics_with_the_probes_rules():
             'vllm:cache_config_info{block_size="16",model_name="a"} 1.0\n'
             'vllm:iteration_tokens_total_bucket{le="1",model_name="a"} 9.0\n')
     assert namespace["server_sample"](text, "a") == {"running": 5.0, "kv": 0.25}
+
+
+def test_the_processes_a_saturated_step_needs_are_sized_from_what_one_process_handled():
+    cl = {"per_process": {"w1": {"cpu_mean": 0.95}}, "chunks_per_s": {"w1": 5000.0}, "chunks_per_s_total": 5000.0}
+    # at 85 % of a core one process takes 5000 * 0.85 / 0.95 = 4474 chunks/s; the step offered 5000
+    words = bench_stats.processes_needed(cl, 0.85)
+    assert words == ("; one load process received 5,000 chunks/s at 95% of a core, and this step's 5,000 chunks/s "
+                     "need about 2 processes at 85% each: set benchmark_processes to 2 (on this host) or spread the "
+                     "load over benchmark_load_generators")
+    two = {"per_process": {"a": {"cpu_mean": 0.9}, "b": {"cpu_mean": 0.5}}, "chunks_per_s": {"a": 9000.0, "b": 5000.0},
+           "chunks_per_s_total": 14000.0}
+    assert "need about 4 processes at 42%" in bench_stats.processes_needed(two, 0.425)     # 14000 / 4250 per process
+    assert bench_stats.processes_needed({"per_process": {}, "chunks_per_s": {}, "chunks_per_s_total": None}, 0.85) == ""
