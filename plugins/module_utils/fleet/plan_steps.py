@@ -184,10 +184,13 @@ def plan_steps(inputs: PlanInputs) -> dict:
     steps.append(swap)
     bench_on = bool(dig(inputs.get("benchmark"), "enabled")) and swap["would_swap"]
     ladder = dig(inputs.get("benchmark"), "concurrency", default=[])
-    steps.append({"step": "benchmark", "title": "Benchmark at rising concurrency",
-                  "enabled": bench_on, "concurrency": ladder,
-                  "text": (f"Locust ladder C={','.join(str(c) for c in ladder)}" if bench_on
-                           else "skipped")})
+    rates = dig(inputs.get("benchmark"), "rates", default=[]) or []
+    if rates:       # the benchmark role's rate ladder (benchmark_mode: rate)
+        title, words = "Benchmark at rising request rates", f"Locust rate ladder {','.join(f'{r:g}' for r in rates)} req/s"
+    else:
+        title, words = "Benchmark at rising concurrency", f"Locust ladder C={','.join(str(c) for c in ladder)}"
+    steps.append({"step": "benchmark", "title": title, "enabled": bench_on, "concurrency": ladder, "rates": rates,
+                  "text": words if bench_on else "skipped"})
     if failure:
         _mark_failure(steps, failure)
     return {"target": target, "steps": steps, "ready": not failure,
