@@ -190,11 +190,25 @@ BAD_INPUTS = [
     # a swap that would run a missing evaluation hook is refused before the stop
     ("hook_missing", "tiny-b", {"vllm_service_quality_hook": "no/such/hook.yml"},
      "no/such/hook.yml is not a file on the controller"),
+    # an entry compared with another entry's reference, which was never recorded (an empty folder)
+    ("reference_missing", "tiny-b", {"quality_of_tiny_b": {"reference": "tiny-a"}},
+     "the quality gate of 'tiny-b' compares it with the reference of 'tiny-a', but "),
 ]
 
 
+def bad_input_vars(models, extra, tmp):
+    """A bad input's variables: the catalog, with tiny-b's quality gate when the case sets one (and
+    then an empty reference folder)."""
+    extra = dict(extra)
+    quality = extra.pop("quality_of_tiny_b", None)
+    if quality is None:
+        return dict(extra, modelswap_models=models)
+    return dict(extra, modelswap_models=dict(models, **{"tiny-b": dict(models["tiny-b"], quality=quality)}),
+                vllm_service_quality_dir=str(tmp))
+
+
 @pytest.fixture(scope="module")
-def read_only_runs(ctx):
+def read_only_runs(ctx, tmp_path_factory):
     """The bad inputs (on gpu1) and the check-mode preview (both hosts), run at once: none of
     them may change anything, which the tests check on the hosts afterwards."""
     lab = ctx.lab
@@ -204,11 +218,12 @@ def read_only_runs(ctx):
                             served_model_name="tiny-c")
     ctx.preview_key = V.new_api_key()
     ctx.keys.append(ctx.preview_key)
+    tmp = tmp_path_factory.mktemp("no-references")
     holder = lab.ssh("gpu1", "setsid timeout 300 python3 -m http.server 8101 --bind 0.0.0.0 "
                              ">/dev/null 2>&1 </dev/null & echo $!").stdout.strip()
     try:
         assert V.wait_for(lambda: lab.ssh("gpu1", "ss -ltnH 'sport = :8101'").stdout.strip(), 20)
-        calls = {case: (lambda m=model, e=extra: ctx.run(m, limit="gpu1", modelswap_models=models, **e))
+        calls = {case: (lambda m=model, e=extra: ctx.run(m, limit="gpu1", **bad_input_vars(models, e, tmp)))
                  for case, model, extra, _ in BAD_INPUTS}
         calls["check_mode"] = lambda: ctx.run(
             "tiny-b", check=True, diff=True, key=ctx.preview_key,

@@ -29,7 +29,9 @@ class ReadSettings(TypedDict, total=False):
     fail_on_does_not_fit; benchmark: {enabled, concurrency}; download_rate: bytes/s (0: unknown);
     fleet: this host's part of fleet/fleet_plan.py's plan (source, store_problem, purge_by, pool);
     problems: refusals judged on the controller first ([{"step", "msg"}]); host_problems: the
-    swap's refusals (messages); drain_mark, staged_record: the files an interrupted run leaves.
+    swap's refusals (messages); swap_problems: what a swap needs on the controller (the quality
+    reference, the evaluation hook; refused only where the plan swaps); drain_mark, staged_record:
+    the files an interrupted run leaves.
     """
     host: str
     unit: str
@@ -45,6 +47,7 @@ class ReadSettings(TypedDict, total=False):
     fleet: dict
     problems: list
     host_problems: list
+    swap_problems: list
     drain_mark: str
     staged_record: str
 
@@ -122,6 +125,8 @@ def _refusals(target: str, disk: dict, swap: bool, settings: ReadSettings) -> li
     if fleet.get("store_problem"):
         problems.append({"step": "purge", "msg": fleet["store_problem"]})
     problems.extend({"step": "swap", "msg": msg} for msg in settings.get("host_problems") or [])
+    if swap:        # what a swap needs on the controller: a host that does not swap needs none of it
+        problems.extend({"step": "swap", "msg": msg} for msg in settings.get("swap_problems") or [])
     pool = fleet.get("pool") or {}
     if swap and pool.get("problem"):
         problems.append({"step": "swap", "msg": pool["problem"]})
