@@ -165,10 +165,9 @@ class Prompts:
 class LoadState:
     """Phase, counters and the raw record file of one load process."""
 
-    def __init__(self, cfg, wid, index=0):
+    def __init__(self, cfg, wid):
         self.cfg = cfg
         self.wid = wid
-        self.index = index       # the worker's index (0 for a local run): seeds its arrivals
         self.step = -1
         self.phase = "idle"
         self.users = 0
@@ -334,7 +333,9 @@ class LLMUser(User):
         """Rate mode: send requests at this process's share of the step's rate, on a seeded
         schedule that starts again with each step, each in its own greenlet, until the run ends."""
         s, cfg = STATE, CONFIG
-        rng = random.Random(f"{cfg.get('seed', 0)}:{s.index}:arrivals")
+        # a worker learns its index from the master's ack, after init and before its users start
+        index = max(0, getattr(self.environment.runner, "worker_index", 0))
+        rng = random.Random(f"{cfg.get('seed', 0)}:{index}:arrivals")
         step, due = None, 0.0
         while s.phase not in ("idle", "end"):
             if s.phase == "rest" or s.rate <= 0:      # between steps: nothing is sent
@@ -773,7 +774,7 @@ def _on_init(environment, **_unused):
     is_worker = isinstance(runner, WorkerRunner)
     if not is_master:
         wid = f"{socket.gethostname()}-{os.getpid()}"
-        STATE = LoadState(CONFIG, wid, getattr(runner, "worker_index", 0))
+        STATE = LoadState(CONFIG, wid)
         runner.register_message("bench_phase", _on_phase)
         gevent.spawn(_client_monitor)
         gevent.spawn(_progress_loop, runner)
