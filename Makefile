@@ -34,9 +34,10 @@ $(VENV)/.stamp: requirements.txt requirements-test.txt
 	$(BIN)/python -c "import ansible, ansible_runner, huggingface_hub, pynvml, locust, pytest, safetensors, tokenizers"
 	touch $@
 
-deps: ## host packages the lab needs (systemd-nspawn, debootstrap, zstd, haproxy; no service is started)
+deps: ## host packages the lab and the tests need (systemd-nspawn, debootstrap, zstd, haproxy, rsync; no service is started)
 	@command -v systemd-nspawn >/dev/null && command -v debootstrap >/dev/null && command -v zstd >/dev/null \
-	  && command -v haproxy >/dev/null || tests/lab/apt_install.sh systemd-container debootstrap zstd haproxy
+	  && command -v haproxy >/dev/null && command -v rrsync >/dev/null \
+	  || tests/lab/apt_install.sh systemd-container debootstrap zstd haproxy rsync
 
 lab-up: venv deps ## build or reuse the lab: hosts, local Hub, tiny models, vLLM wheelhouse
 	$(LABCTL) up --hosts $(LAB_HOSTS) $(if $(LAB_SHARED_STORE),--shared-store $(LAB_SHARED_STORE))
@@ -69,7 +70,8 @@ collection-check: venv ## the built collection as a reviewer takes it: changelog
 
 # Two workers (most tests wait on an ansible-playbook or a local server), then the timing-sensitive
 # ones alone.
-test-unit: venv ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
+# deps: the peer copies' tests run the real rsync and rrsync on this machine
+test-unit: venv deps ## fast tests: pure logic, fakes only for NVML, the local Hub on loopback
 	$(PYTEST) -m "(unit or hub) and not serial" -q -n 2 --durations=15
 	$(PYTEST) -m "(unit or hub) and serial" -q --durations=5
 
