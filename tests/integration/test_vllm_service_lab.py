@@ -319,7 +319,7 @@ def test_swap_to_tiny_b(ctx, tmp_path):
         hooked = json.loads((tmp_path / ("%s.json" % host)).read_text())
         assert hooked["candidate"] == {
             "model": "tiny-b", "repo_id": "lab/tiny-b", "commit": lab.models["tiny-b"]["commit"],
-            "served_model_name": "tiny-b", "base_url": "http://127.0.0.1:%d" % V.PORT, "port": V.PORT}
+            "served_model_name": "tiny-b", "base_url": "http://%s:%d" % (lab.address(host), V.PORT), "port": V.PORT}
         assert isinstance(hooked["text"], str)      # the server answered its completion
     assert json.loads((ctx.quality_dir / "tiny-b.json").read_text())["commit"] == lab.models["tiny-b"]["commit"]
 
