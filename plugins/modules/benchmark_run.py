@@ -402,6 +402,8 @@ def main():
     p = dict(module.params)
     for key in ("prompt_source", "locustfile", "run_dir"):
         p[key] = os.path.abspath(p[key])      # Locust runs inside run_dir
+    if not p["prompt_format"]:
+        p["prompt_format"] = "jsonl" if p["prompt_source"].endswith(".jsonl") else "text"
     unknown_slo = set(p["slo"]) - {"ttft_ms", "tpot_ms", "e2el_ms"}
     problems = benchmark_run.validate(p)
     tolerance = p["littles_law_tolerance"]
@@ -422,8 +424,6 @@ def main():
     if problems:
         module.fail_json(msg="benchmark: the run's settings are not usable: " + "; ".join(problems),
                          problems=problems)
-    if not p["prompt_format"]:
-        p["prompt_format"] = "jsonl" if p["prompt_source"].endswith(".jsonl") else "text"
     run_dir = p["run_dir"]
     raw_dir = os.path.join(run_dir, "raw")
     cfg = benchmark_run.config(p, raw_dir)

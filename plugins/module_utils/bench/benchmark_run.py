@@ -88,9 +88,9 @@ def validate(p):
 
 
 def workload_problems(p):
-    """Why the workload's settings cannot run (messages)."""
+    """Why the workload's settings cannot run (messages); ``prompt_format`` is already decided."""
     workload = p.get("workload") or "fixed"
-    jsonl = (p.get("prompt_format") or ("jsonl" if str(p.get("prompt_source", "")).endswith(".jsonl") else "text")) == "jsonl"
+    jsonl = p.get("prompt_format") == "jsonl"
     out = []
     if jsonl and workload != "fixed":
         out.append(f"workload {workload} cuts prompts from prose; a JSONL prompt file brings its own prompts: "
