@@ -117,12 +117,17 @@ def interarrival(rng, rate: float, burstiness: float) -> float:
 
 
 # --- judging a step ---------------------------------------------------------------------------
+def count_over(values, limit) -> int:
+    """How many of ``values`` are above ``limit`` (the run counts with it, the report shares)."""
+    return sum(1 for v in values if v > limit)
+
+
 def over_share(values, limit):
     """The share of ``values`` above ``limit`` (None without values)."""
     values = list(values)
     if not values:
         return None
-    return sum(1 for v in values if v > limit) / len(values)
+    return count_over(values, limit) / len(values)
 
 
 def judge(step: dict, limits: dict, quantile: float = 0.99) -> dict:

@@ -47,7 +47,7 @@ from locust.runners import MasterRunner, WorkerRunner
 # /metrics with the same rules.
 from vllm_metrics import parse_metrics
 # Shipped beside this file too (the collection's plugins/module_utils/bench/rate_ladder.py).
-from rate_ladder import interarrival, judge_counts, next_rate
+from rate_ladder import count_over, interarrival, judge_counts, next_rate
 
 perf = time.perf_counter
 SCHEMA = 1
@@ -218,14 +218,11 @@ class LoadState:
             return
         c = self.over.setdefault(step, {"ok": 0, "ttft_over": 0, "e2el_over": 0, "itl_over": 0, "itl_n": 0})
         c["ok"] += 1
-        lim = self.limits
-        if lim.get("ttft_p99_ms") is not None and ttft * 1000.0 > lim["ttft_p99_ms"]:
-            c["ttft_over"] += 1
-        if lim.get("e2el_p99_ms") is not None and e2el * 1000.0 > lim["e2el_p99_ms"]:
-            c["e2el_over"] += 1
-        if lim.get("itl_p99_ms") is not None:
-            c["itl_n"] += len(gaps)
-            c["itl_over"] += sum(1 for g in gaps if g * 1000.0 > lim["itl_p99_ms"])
+        for key, values in (("ttft", (ttft,)), ("e2el", (e2el,)), ("itl", gaps)):
+            limit = self.limits.get(f"{key}_p99_ms")
+            if limit is not None:
+                c[f"{key}_over"] += count_over((v * 1000.0 for v in values), limit)
+        c["itl_n"] += len(gaps)
 
     def is_good(self, ttft, tpot, e2el):
         for limit, value in zip(self.slo, (ttft, tpot, e2el)):
