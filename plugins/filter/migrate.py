@@ -130,9 +130,28 @@ def host_records(hosts, hostvars) -> list:
     return out
 
 
+def preview_diffs(hosts, hostvars) -> list:
+    """The unit and environment diffs of every host whose plan rewrites its slot's files, one
+    list with each header naming its host (the preview shows them in one task)."""
+    by_host = {}
+    for host in hosts or []:
+        plan = _values(hostvars, host).get("__migrate")
+        if isinstance(plan, dict) and (plan.get("todo") or {}).get("configure"):
+            by_host[host] = plan.get("diffs") or []
+    return host_plan.fleet_diffs(by_host)
+
+
+def settled(hosts, hostvars) -> list:
+    """The hosts whose plan settled them in this run (nothing to do: proved, lease given back), in
+    the order of ``hosts``."""
+    return [host for host in hosts or []
+            if (_values(hostvars, host).get("__migrate") or {}).get("settled") is True]
+
+
 class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
                 "migrate_failure": failure_of, "migrate_fleet": fleet_plan, "migrate_store_others": store_others,
                 "migrate_record": migrate_record, "migrate_host_records": host_records,
+                "migrate_preview_diffs": preview_diffs, "migrate_settled": settled,
                 "human_bytes": human_bytes}

@@ -25,6 +25,8 @@ from tests.support.crash import convergence_problems, run_killed_at, served_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 HOST = "gpu1"
+# the migration's one read of a host (its lease, what it serves, the disk plan)
+READ_TASK = "Read the host (refusals, lease, what it serves and has, the disk plan, the GPUs)"
 LIMIT = f"{HOST},localhost"
 LEASE = "/var/lib/modelswap/lease.json"
 
@@ -80,7 +82,7 @@ def test_1_killed_between_the_stop_and_the_start(lab, story):
     out = kill_then_rerun(lab, story, "tiny-b", "Wait for GPU memory to be released", before="tiny-a")
     assert out["rerun"].custom_stats["modelswap_record"][HOST]["outcome"] == "migrated"
     # the dead run's lease was taken over by name, and said so
-    leases = out["rerun"].task_results("Host lease: held", HOST)
+    leases = [r["lease"] for r in out["rerun"].task_results(READ_TASK, HOST)]
     assert leases[0]["taken_over"] and "as asked (modelswap_break_lease)" in leases[0]["reason"], leases[0]
 
 

@@ -45,9 +45,13 @@ def load(lab, key) -> LoadRun:
 # (layout, expected: one set_fact each) instead of reading its private variables, and 11 more on
 # the first host, which runs the play's run_once tasks (the pool read through lb_pool's pool entry
 # point is four of them). Lower them when a change removes tasks; raise them only with the reason
-# in the commit.
-PREVIEW_TASKS_PER_HOST = 21
-PREVIEW_TASKS_ONCE = 11
+# in the commit. 2026-12-07: 3 per host (the read with its lease and refusals, vllm_service's
+# expected slot, the plan with the probe of a host that keeps what it serves; the steps' and the
+# rollout's plays match no host in a preview) and 17 more on the first host (the run_once tasks:
+# the run's name, the listing, the pool, the fleet's plan, the diffs, records, plans and stats, and
+# the settled hosts' records and the records' writing, skipped in a preview).
+PREVIEW_TASKS_PER_HOST = 3
+PREVIEW_TASKS_ONCE = 17
 
 
 def served(lab, host: str, key: str) -> list[str] | None:
@@ -110,10 +114,12 @@ def test_2_the_preview_shows_the_plan_and_changes_nothing(lab, story):
                               check=True, diff=True)          # what runner.preview runs, with its output
     out = {"ok": run.ok, "plan": run.custom_stats.get("modelswap_plan", {}), "run": run.to_dict()}
     assert out["ok"], out["run"]["failures"]
+    # every host's diffs in one task, run once on the controller, each header naming its host
+    diffs = [r for h in HOSTS for r in run.task_results("Show the unit and environment changes of every host "
+                                                        "(the preview)", h)][0]["diff"]
     for host in HOSTS:
         # the unit's diff (made on the controller from the read's text): tiny-a's snapshot out, tiny-b's in
-        diffs = run.task_results("Show the unit and environment changes (the preview)", host)[0]["diff"]
-        unit = [d for d in diffs if d.get("after_header") == "/etc/systemd/system/vllm.service"][0]
+        unit = [d for d in diffs if d.get("after_header") == f"{host}: /etc/systemd/system/vllm.service"][0]
         assert "tiny-a" in unit["before"] and "tiny-b" in unit["after"] and "tiny-b" not in unit["before"]
         steps = {s["step"]: s for s in out["plan"][host]["steps"]}
         assert steps["preflight"]["verdict"] == "fits"

@@ -186,3 +186,19 @@ def read_plan(target: str, read: dict, expected: dict, settings: ReadSettings) -
     diffs = config_diffs(read, expected or {}, drift, settings.get("secret_path"), secret_ok)
     return {"plan": plan, "todo": todo, "failure": failure, "install": install_result,
             "service": service_result, "diffs": diffs, "source": fleet.get("source")}
+
+
+def fleet_diffs(diffs_by_host: dict) -> list:
+    """The preview's diffs of every host as one list, each header naming its host
+    ({host: [diff entries]} in the play's order; a "prepared" text gets a first line instead)."""
+    out = []
+    for host, diffs in diffs_by_host.items():
+        for diff in diffs or []:
+            entry = dict(diff)
+            for key in ("before_header", "after_header"):
+                if key in entry:
+                    entry[key] = "%s: %s" % (host, entry[key])
+            if "prepared" in entry:
+                entry["prepared"] = "%s:\n%s" % (host, entry["prepared"])
+            out.append(entry)
+    return out

@@ -136,8 +136,20 @@ def test_hosts_without_a_record_count_as_not_reached():
 def test_the_filters_keep_their_names():
     assert set(migrate.FilterModule().filters()) == {
         "migrate_plan", "migrate_plan_lines", "migrate_read_plan", "migrate_failure", "migrate_fleet",
-        "migrate_store_others", "migrate_record", "migrate_host_records", "human_bytes"}
+        "migrate_store_others", "migrate_record", "migrate_host_records", "migrate_preview_diffs",
+        "migrate_settled", "human_bytes"}
     assert migrate.human_bytes(1536) == "1.5 KiB" and migrate.human_bytes(None) == "?"
+
+
+def test_a_previews_diffs_and_a_runs_settled_hosts_are_read_from_each_hosts_plan():
+    unit = {"before_header": "/u", "after_header": "/u", "before": "a", "after": "b"}
+    hostvars = HostVars({"gpu1": {"__migrate": {"todo": {"configure": True}, "diffs": [unit], "settled": True}},
+                         "gpu2": {"__migrate": {"todo": {"configure": False}, "diffs": [unit]}},
+                         "gpu3": {"__migrate": {"failed": True, "msg": "refused"}}, "gpu4": {}})
+    hosts = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu9"]
+    # only a plan that rewrites the slot's files shows its diffs, each named by its host
+    assert migrate.preview_diffs(hosts, hostvars) == [dict(unit, before_header="gpu1: /u", after_header="gpu1: /u")]
+    assert migrate.settled(hosts, hostvars) == ["gpu1"]
 
 
 PLAYBOOK = """
@@ -150,25 +162,28 @@ PLAYBOOK = """
     migrate_benchmark_concurrency: [1, 4]
     migrate_download_bytes_per_s: 0
     migrate_install_vllm: false
-    __migrate_read:
-      disk: {verdict: fits, filesystem: {available_bytes: 4096}, target: {needed_bytes: 1024, download_bytes: 1024}}
-      fetch: {commit: %(commit)s, would_fetch: {files: [a], bytes: 1024}}
-    __migrate:
-      service: {would_swap: true, unit: vllm.service, replaced_model: tiny-a, restart_reasons: [], repairs: []}
-      install: {changed: false}
-      source: null
-    __migrate_marks: {preflight: 1.0}
   tasks:
+    # what the read, the plan and the steps leave as facts or registered results (hostvars)
     - ansible.builtin.set_fact:
         migrate_run_id: run-1
-    - ansible.builtin.include_tasks: %(tasks)s/record.yml
+        __migrate_read:
+          disk: {verdict: fits, filesystem: {available_bytes: 4096}, target: {needed_bytes: 1024, download_bytes: 1024}}
+          fetch: {commit: %(commit)s, would_fetch: {files: [a], bytes: 1024}}
+        __migrate:
+          service: {would_swap: true, unit: vllm.service, replaced_model: tiny-a, restart_reasons: [], repairs: []}
+          install: {changed: false}
+          source: null
+          marks: {preflight: 1.0}
+    - ansible.builtin.include_role:
+        name: modelswap.vllm.migrate
+        tasks_from: record.yml
 """
 
 
 def test_record_yml_calls_the_filters_with_one_mapping(tmp_path):
     """roles/migrate/tasks/record.yml's calls render: the plan and the record of a preview."""
     book = tmp_path / "record.yml"
-    book.write_text(PLAYBOOK % {"commit": "c" * 40, "tasks": REPO / "roles" / "migrate" / "tasks"})
+    book.write_text(PLAYBOOK % {"commit": "c" * 40})
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOCALHOST_WARNING="0",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
