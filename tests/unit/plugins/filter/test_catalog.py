@@ -75,16 +75,19 @@ def test_normalized_entry_carries_the_defaults():
 
 
 def test_every_role_judges_entries_with_the_one_filter():
-    """preflight, model_fetch, vllm_service and the migration's plan refuse an entry through the
-    catalog's filters (vllm_service's judge, vllm_service_checks through its layout, calls the catalog
-    itself); no role
+    """preflight, model_fetch, vllm_service and the migration's read refuse an entry through the
+    catalog's rules (vllm_service's judge, vllm_service_checks through its layout, calls the catalog
+    itself; the migration's one read per host, the migrate_read action, calls catalog.target_refusals,
+    the rule behind the catalog_refusals filter); no role
     spells a repo-id rule or the revision default of its own."""
     judges = {"preflight/tasks/validate.yml": "modelswap.vllm.catalog_refusals(",
               "model_fetch/tasks/validate.yml": "modelswap.vllm.catalog_problems(",
               "vllm_service/tasks/validate.yml": "modelswap.vllm.vllm_service_layout).problems",
-              "migrate/tasks/read.yml": "modelswap.vllm.catalog_refusals("}
+              "migrate/tasks/read.yml": "modelswap.vllm.migrate_read:"}
     for path, judge in judges.items():
         assert judge in (REPO / "roles" / path).read_text(), path
+    assert "catalog.target_refusals(" in (REPO / "plugins" / "action" / "migrate_read.py").read_text()
+    assert "catalog.target_refusals(" in (REPO / "plugins" / "filter" / "catalog.py").read_text()
     checks = (REPO / "plugins" / "module_utils" / "serving" / "vllm_service_checks.py").read_text()
     assert "catalog.selection_problems(" in checks
     settings = (REPO / "plugins" / "module_utils" / "serving" / "vllm_service_settings.py").read_text()
