@@ -77,6 +77,16 @@ PREPARE_PLAY = """- name: Put a vLLM stand-in where the vllm_service role instal
       ansible.builtin.copy: {{src: {simulator}, dest: {venv}/simulator.py, mode: "0644"}}
     - name: The stand-in vllm executable
       ansible.builtin.copy: {{src: {standin}, dest: {venv}/bin/vllm, mode: "0755"}}
+    - name: The service user (vllm_service's install step makes it, and the stand-in skips that step)
+      ansible.builtin.user:
+        name: vllm
+        system: true
+        home: /var/lib/vllm
+        create_home: false
+        shell: /usr/sbin/nologin
+    - name: The service user's home and caches (made by that step too)
+      ansible.builtin.file: {{path: "{{{{ item }}}}", state: directory, owner: vllm, group: vllm, mode: "0750"}}
+      loop: [/var/lib/vllm, /var/lib/vllm/cache]
     - name: The install fingerprint (the stand-in counts as vLLM 0.32.0+cpu)
       ansible.builtin.copy:
         dest: {venv}/modelswap-install.json

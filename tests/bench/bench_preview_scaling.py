@@ -98,7 +98,9 @@ def standin(inventory: str, limit: str, current: str, extra: dict) -> None:
                                                 simulator=REPO / "tests/lab/simulator.py"))
     for label, result in (("stand-in", lambda: runner.run_playbook(str(play), inventory, {}, limit=limit)),
                           (f"serve {current}", lambda: runner.run_playbook(
-                              "migrate.yml", inventory, dict(extra, modelswap_serve=current, modelswap_benchmark=False),
+                              "migrate.yml", inventory, dict(extra, modelswap_serve=current, modelswap_benchmark=False,
+                                             # half at a time: the load balancer's floor
+                                             modelswap_serial="50%"),
                               limit=limit + ",localhost"))):
         started = time.monotonic()
         res = result()
