@@ -60,7 +60,9 @@ while [ $# -gt 0 ]; do
 done
 case "$name" in *broken*) echo "RuntimeError: start (0) + length (256) exceeds dimension size (128)." >&2; exit 1 ;; esac
 [ -f "$path/config.json" ] || { echo "stand-in: no config.json in $path" >&2; exit 1; }
-exec /usr/bin/python3 "$(dirname "$0")/../simulator.py" --host "$host" --port "$port" --model "$name" \
+# the weights' path as --model, as in vLLM's command line (a host's read compares it with the unit's)
+exec /usr/bin/python3 "$(dirname "$0")/../simulator.py" --host "$host" --port "$port" --model "$path" \
+  --served-model-name "$name" \
   --api-key "$VLLM_API_KEY" --ttft-ms 20 --chunk-ms 5
 '''
 PREPARE_PLAY = """- name: Put a vLLM stand-in where the vllm_service role installs vLLM (bench_fleet_rollout.py)

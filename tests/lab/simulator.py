@@ -465,6 +465,9 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--model", default="sim")
+    # vLLM's flag: the name clients ask for, where --model is the weights' path (a stand-in's
+    # command line then names the path as vLLM's does, which is what a host's read compares)
+    p.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
     p.add_argument("--ttft-ms", type=float, default=50.0)
     p.add_argument("--chunk-ms", type=float, default=20.0)
     p.add_argument("--tokens-per-chunk", type=int, default=1)
@@ -476,7 +479,7 @@ def main(argv=None):
     p.add_argument("--max-seconds", type=float, default=3600.0,
                    help="exit by itself after this long (a bound for stray runs)")
     a = p.parse_args(argv)
-    settings = Settings(model=a.model, ttft_ms=a.ttft_ms, chunk_ms=a.chunk_ms,
+    settings = Settings(model=a.served_model_name or a.model, ttft_ms=a.ttft_ms, chunk_ms=a.chunk_ms,
                         tokens_per_chunk=a.tokens_per_chunk, slots=a.slots, api_key=a.api_key,
                         fail_every=a.fail_every, max_model_len=a.max_model_len)
     server = Server(settings, a.record)
