@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.json import get_encoder
 from ansible.plugins.action import ActionBase
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import fsutil
 
 # an inventory host name as a file name: no folder, nothing hidden
 HOST_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]*$")
@@ -21,28 +21,6 @@ HOST_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]*$")
 def record_text(record) -> str:
     """The record as the to_nice_json filter writes it (the run's other records are written so)."""
     return json.dumps(record, cls=get_encoder("tagless"), indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
-
-
-def write_atomically(path: str, text: str, mode: int = 0o644) -> bool:
-    """Write ``text`` to ``path`` through a temporary file in its folder (a reader never sees half a
-    record); False when the file already held it."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            if handle.read() == text:
-                return False
-    except OSError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".%s." % os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return True
 
 
 class ActionModule(ActionBase):
@@ -68,7 +46,8 @@ class ActionModule(ActionBase):
         if self._task.check_mode:
             return result
         os.makedirs(folder, mode=0o755, exist_ok=True)
-        written = [h for h in sorted(paths) if write_atomically(paths[h], record_text(records[h]))]
+        # each through a temporary file: a reader never sees half a record
+        written = [h for h in sorted(paths) if fsutil.write_text_if_changed(paths[h], record_text(records[h]))]
         # a log of the run on the controller, not a change to a host: a no-op run stays changed=0
         result["written"] = written
         return result

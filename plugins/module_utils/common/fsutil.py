@@ -45,6 +45,18 @@ def atomic_write_text(path: str, text: str, mode: int = 0o644, makedirs: bool = 
     atomic_write_bytes(path, text.encode("utf-8"), mode, makedirs, fsync=fsync)
 
 
+def write_text_if_changed(path: str, text: str, mode: int = 0o644, makedirs: bool = False) -> bool:
+    """Replace ``path`` with ``text`` atomically unless it already holds it; True when written."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() == text:
+                return False
+    except OSError:
+        pass
+    atomic_write_text(path, text, mode, makedirs)
+    return True
+
+
 def atomic_copy(src: str, dest: str, mode: int, makedirs: bool = False, dir_mode: int = 0o755) -> None:
     """Copy ``src`` over ``dest`` atomically with ``mode``, in 1 MiB chunks (a large file never sits
     in memory whole)."""

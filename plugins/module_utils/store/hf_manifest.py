@@ -24,7 +24,7 @@ import json
 import os
 import time
 
-from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text, locked
+from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text, locked, write_text_if_changed
 
 FORMAT = "modelswap.hf_snapshot/1"
 MODE_RANK = {"size": 1, "full": 2}
@@ -160,15 +160,7 @@ def write_ref(repo_path: str, revision: str, commit: str) -> bool:
     """Record ``refs/<revision>`` -> commit as huggingface_hub does; True when it changed."""
     if revision == commit:
         return False
-    path = os.path.join(repo_path, "refs", *revision.split("/"))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            if fh.read() == commit:
-                return False
-    except OSError:
-        pass
-    atomic_write_text(path, commit, 0o644, makedirs=True)
-    return True
+    return write_text_if_changed(os.path.join(repo_path, "refs", *revision.split("/")), commit, 0o644, makedirs=True)
 
 
 # --------------------------------------------------------------------------------------------

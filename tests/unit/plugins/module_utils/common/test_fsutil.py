@@ -6,7 +6,8 @@ import os
 import pytest
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import (
-    atomic_copy, atomic_write_bytes, atomic_write_text, files_with_suffix, listed, nearest_existing)
+    atomic_copy, atomic_write_bytes, atomic_write_text, files_with_suffix, listed, nearest_existing,
+    write_text_if_changed)
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +46,16 @@ def test_the_mode_is_set_before_the_content_is_written(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fdopen", spying_fdopen)
     atomic_write_bytes(str(tmp_path / "env"), b"KEY=secret\n", 0o600)
     assert seen == [0o600] and (tmp_path / "env").read_bytes() == b"KEY=secret\n"
+
+
+def test_write_if_changed_leaves_a_file_that_holds_the_text(tmp_path):
+    path = tmp_path / "refs" / "main"
+    assert write_text_if_changed(str(path), "abc", 0o600, makedirs=True) is True
+    assert path.read_text() == "abc" and path.stat().st_mode & 0o777 == 0o600
+    before = path.stat().st_mtime_ns
+    assert write_text_if_changed(str(path), "abc") is False and path.stat().st_mtime_ns == before
+    assert write_text_if_changed(str(path), "def") is True and path.read_text() == "def"
+    assert os.listdir(path.parent) == ["main"]
 
 
 def test_atomic_copy_copies_in_chunks_with_the_mode_and_the_folder_mode(tmp_path):
