@@ -54,14 +54,12 @@ class ActionModule(ActionBase):
         result.update(changed=False, layout=layout)
         if problems:
             return dict(result, failed=True, msg=problems[0], refusals=problems)
-        # the lease comes first: a plan read while another run changes the host would be stale
+        # the lease comes first, in the same module run (one SSH round trip less per host): a plan
+        # read while another run changes the host would be stale
+        read_with = read_args(info, layout, args.get("secret_sha1") or "", args.get("extra_paths") or [])
         if args.get("lease"):
-            lease = self._module("host_lease", args["lease"], task_vars, result)
-            result["lease"] = lease
-            if lease.get("failed"):
-                return dict(result, failed=True, msg=lease.get("msg", "host_lease failed"))
-        read = self._module("migrate_info", read_args(info, layout, args.get("secret_sha1") or "",
-                                                      args.get("extra_paths") or []), task_vars, result)
+            read_with["lease"] = args["lease"]
+        read = self._module("migrate_info", read_with, task_vars, result)
         result.update({k: v for k, v in read.items() if k != "changed"})
         if read.get("failed"):
             return result

@@ -192,29 +192,10 @@ path:
 """
 
 import platform
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import host_lease
-
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*\Z")
-WOULD = {"take": "would take the lease", "renew": "would renew the lease", "release": "would give the lease back",
-         "refuse": "would refuse", "none": "would change nothing"}
-
-
-def options_problem(p) -> str:
-    """Why the options are unusable (naming the option), or ''."""
-    if p["ttl"] <= 0:
-        return "ttl must be a number of seconds above 0, not %d" % p["ttl"]
-    for option in ("run_id", "break_lease"):
-        value = p[option]
-        if value and not _RUN_ID_RE.match(value):
-            return ("%s %r is not a run id (letters, digits, '_', '.', ':', '+', '-'; no blanks)"
-                    % (option, value))
-    if p["state"] != "read" and not p["run_id"]:
-        return "state=%s needs run_id (the id of this run)" % p["state"]
-    return ""
 
 
 def main():
@@ -234,44 +215,14 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    path = p["path"]
-    why = options_problem(p)
-    if why:
-        module.fail_json(msg="host_lease: %s (nothing was changed)" % why)
-    request = {key: p[key] for key in ("state", "run_id", "controller", "user", "pid", "ttl", "break_lease",
-                                       "purpose")}
+    request = {key: p[key] for key in host_lease.REQUEST_DEFAULTS}
     request["run_id"] = request["run_id"] or ""
-    now = time.time()
-    try:
-        if module.check_mode or p["state"] == "read":
-            decision = host_lease.plan(path, request, now)
-        else:
-            decision = host_lease.apply(path, request, now)
-    except host_lease.LeaseError as exc:
-        module.fail_json(msg="host_lease: %s; nothing was changed" % exc)
-    except OSError as exc:
-        module.fail_json(msg="host_lease: %s: %s; run with become, and check that its folder is writable; "
-                             "nothing was changed" % (getattr(exc, "filename", None) or path, exc.strerror or exc))
-
-    action = decision["action"]
-    if action in ("take", "renew"):
-        lease = decision["lease"]
-    elif action == "release":
-        lease = None
-    else:
-        lease = decision["previous"]
-    result = {"action": action, "reason": decision["reason"], "lease": lease, "previous": decision["previous"],
-              "taken_over": decision["taken_over"], "path": path}
-    if module.check_mode:
-        result["would"] = "%s (%s); check mode: nothing was written" % (
-            WOULD[action] + (" for run %s" % p["run_id"] if action in ("take", "renew") else ""), decision["reason"])
-    if action == "refuse":
-        holder = decision["previous"]          # also the lease now: a refusal changes nothing
-        module.fail_json(msg=host_lease.refusal_message(holder, platform.node(), now, p["break_lease"]),
-                         holder=holder, changed=False, **result)
-    if decision["taken_over"]:
-        module.warn("host_lease: %s" % decision["reason"])
-    module.exit_json(changed=action in ("take", "renew", "release"), **result)
+    result = host_lease.outcome(p["path"], request, time.time(), module.check_mode, platform.node())
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    if result["taken_over"]:
+        module.warn("host_lease: %s" % result["reason"])
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,20 @@ description:
     and needs no huggingface_hub, so it runs with the host's own Python, before vLLM is installed too.
   - One host-side call instead of a dozen tasks - the controller's cost per host is per task, so a
     fleet's preview is bound by this count (see the README's figures).
+  - With O(lease), the host's lease comes first, in the same call - the one thing this module may
+    write: it is taken or renewed as M(modelswap.vllm.host_lease) does (in check mode only read),
+    and a lease another run holds fails the read before anything else is read, naming the holder.
+    The lease is a run's lock, not the host's state.
   - Role-private in spirit (the C(migrate) role's read step) but usable alone.
 extends_documentation_fragment:
-  - modelswap.vllm.attributes.read_only
+  - modelswap.vllm.attributes
   - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads the same in check mode; O(lease) is then only read.
+  diff_mode:
+    support: none
 options:
   listing:
     description:
@@ -114,6 +124,21 @@ options:
     suboptions:
       local_dir: {description: A plain folder the download would store the target in instead of the cache., type: path}
       verify: {description: The verification the download would do., type: str, choices: [full, size], default: full}
+  lease:
+    description:
+      - The host's lease to take (or renew) before the read, with the options of
+        M(modelswap.vllm.host_lease); omitted, the lease is not touched.
+    type: dict
+    suboptions:
+      path: {description: The lease file., type: path, default: /var/lib/modelswap/lease.json}
+      state: {description: C(held) takes or renews it; C(read) only reports it., type: str, choices: [held, read], default: held}
+      run_id: {description: The id of this run (required with O(lease.state=held))., type: str, default: ""}
+      controller: {description: The controller the run started on., type: str, default: ""}
+      user: {description: The user who started the run., type: str, default: ""}
+      pid: {description: The PID of the run's C(ansible-playbook) (C(0) - unknown)., type: int, default: 0}
+      ttl: {description: Seconds until the lease expires unless renewed., type: int, default: 14400}
+      break_lease: {description: The run id of a dead run whose lease may be taken over., type: str, default: ""}
+      purpose: {description: What the lease is for., type: str, default: migrate}
 author:
   - modelswap engineers (@modelswap)
 """
@@ -129,6 +154,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lease:
+  description:
+    - What M(modelswap.vllm.host_lease) returns for O(lease) (C(action), C(reason), C(lease), C(previous),
+      C(taken_over), C(path), C(changed); C(holder) and C(msg) when another run holds it).
+  returned: when O(lease) is given
+  type: dict
 service:
   description: What M(modelswap.vllm.vllm_service_info) returns for the slot and the target.
   returned: success
@@ -183,7 +214,11 @@ timings:
   type: dict
 """
 
+import platform
+import time
+
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.modelswap.vllm.plugins.module_utils.common import host_lease
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.command_runner import HostCommands
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import migrate_facts
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import store_context
@@ -225,15 +260,39 @@ def main():
                 local_dir=dict(type="path"),
                 verify=dict(type="str", choices=["full", "size"], default="full"),
             )),
+            lease=dict(type="dict", options=dict(
+                path=dict(type="path", default=host_lease.DEFAULT_PATH),
+                state=dict(type="str", choices=["held", "read"], default="held"),
+                run_id=dict(type="str", default=""),
+                controller=dict(type="str", default=""),
+                user=dict(type="str", default=""),
+                pid=dict(type="int", default=0),
+                ttl=dict(type="int", default=14400),
+                break_lease=dict(type="str", default=""),
+                purpose=dict(type="str", default="migrate"),
+            )),
         ),
         supports_check_mode=True,
     )
+    lease = None
+    if module.params["lease"]:
+        # first: a plan read while another run changes the host would be stale
+        wanted = module.params["lease"]
+        lease = host_lease.outcome(wanted["path"], {key: wanted[key] for key in host_lease.REQUEST_DEFAULTS},
+                                   time.time(), module.check_mode, platform.node())
+        if lease.get("failed"):
+            module.fail_json(msg=lease["msg"], lease=lease)
+        if lease["taken_over"]:
+            module.warn("host_lease: %s" % lease["reason"])
     try:
         result = migrate_facts.gather(module.params, HostCommands.of(module))
     except migrate_facts.ReadError as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings"):
         module.warn(warning)
+    if lease is not None:
+        # the lease file is the one thing this module writes
+        result.update(lease=lease, changed=lease["changed"] and not module.check_mode)
     module.exit_json(**result)
 
 

@@ -18,10 +18,11 @@ description:
     keep name, an invalid entry, from the C(store) of O(info)) and the serving slot's settings (from
     O(layout_inputs)). A refusal fails the task before the host is reached, its sentence is
     C(msg) and every one is in C(refusals).
-  - Then M(modelswap.vllm.host_lease) with O(lease), when given (a preview only reads the lease;
-    a run takes or renews it), so the read is never made while another run changes the host.
   - Then M(modelswap.vllm.migrate_info), with O(info) and the slot's paths derived from the
-    layout (its unit, port, record, saved files, configuration files and API key file).
+    layout (its unit, port, record, saved files, configuration files and API key file), and
+    O(lease) when given - the host's lease first, in the same module run, as
+    M(modelswap.vllm.host_lease) takes it (a preview only reads it; a run takes or renews it), so
+    the read is never made while another run changes the host.
   - Then M(modelswap.vllm.gpu_ready) with O(gpus), when given, under the vLLM virtualenv's Python
     once it exists (nvidia-ml-py comes with vLLM), else under O(gpus_python).
   - The result is migrate_info's, with C(layout), C(lease) and C(gpus) added. It never reports a

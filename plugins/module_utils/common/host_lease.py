@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common.fsutil import atomic_write_text, locked
@@ -223,3 +224,65 @@ def apply(path: str, request: dict, now: float) -> dict:
         elif decision["action"] == "release":
             os.unlink(path)
         return decision
+
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*\Z")
+# what check mode says it would do, per action
+WOULD = {"take": "would take the lease", "renew": "would renew the lease", "release": "would give the lease back",
+         "refuse": "would refuse", "none": "would change nothing"}
+# a request's fields (host_lease's options but path) and their defaults
+REQUEST_DEFAULTS = {"state": "held", "run_id": "", "controller": "", "user": "", "pid": 0, "ttl": 14400,
+                    "break_lease": "", "purpose": "migrate"}
+
+
+def request_problem(request: dict) -> str:
+    """Why a request is unusable (naming the option), or ''."""
+    if request["ttl"] <= 0:
+        return "ttl must be a number of seconds above 0, not %d" % request["ttl"]
+    for option in ("run_id", "break_lease"):
+        value = request[option]
+        if value and not _RUN_ID_RE.match(value):
+            return ("%s %r is not a run id (letters, digits, '_', '.', ':', '+', '-'; no blanks)"
+                    % (option, value))
+    if request["state"] != "read" and not request["run_id"]:
+        return "state=%s needs run_id (the id of this run)" % request["state"]
+    return ""
+
+
+def outcome(path: str, request: dict, now: float, check_mode: bool, host: str) -> dict:
+    """What a module reports for a request: its result, and `failed` with `msg` (nothing was
+    changed) when the request is unusable, the lease cannot be read or written, or another run
+    holds it. Check mode and state=read only decide; otherwise the decision is applied."""
+    why = request_problem(request)
+    if why:
+        return {"failed": True, "msg": "host_lease: %s (nothing was changed)" % why, "path": path}
+    try:
+        if check_mode or request["state"] == "read":
+            decision = plan(path, request, now)
+        else:
+            decision = apply(path, request, now)
+    except LeaseError as exc:
+        return {"failed": True, "msg": "host_lease: %s; nothing was changed" % exc, "path": path}
+    except OSError as exc:
+        return {"failed": True, "path": path,
+                "msg": "host_lease: %s: %s; run with become, and check that its folder is writable; "
+                       "nothing was changed" % (getattr(exc, "filename", None) or path, exc.strerror or exc)}
+    action = decision["action"]
+    if action in ("take", "renew"):
+        lease = decision["lease"]
+    elif action == "release":
+        lease = None
+    else:
+        lease = decision["previous"]
+    result = {"action": action, "reason": decision["reason"], "lease": lease, "previous": decision["previous"],
+              "taken_over": decision["taken_over"], "path": path,
+              "changed": action in ("take", "renew", "release")}
+    if check_mode:
+        result["would"] = "%s (%s); check mode: nothing was written" % (
+            WOULD[action] + (" for run %s" % request["run_id"] if action in ("take", "renew") else ""),
+            decision["reason"])
+    if action == "refuse":
+        # the holder is also the lease now: a refusal changes nothing
+        result.update(failed=True, changed=False, holder=decision["previous"],
+                      msg=refusal_message(decision["previous"], host, now, request["break_lease"]))
+    return result

@@ -161,3 +161,47 @@ def test_the_module_runs_without_huggingface_hub_and_hides_the_key_checksum(tmp_
     assert out.get("failed") is not True, out
     assert out["changed"] is False and out["fetch"]["would_fetch"]["bytes"] > 0
     assert "f" * 40 not in json.dumps(out)
+
+
+def lease_params(tmp_path, run_id, **lease):
+    p = params(tmp_path)
+    p["service"].pop("port")
+    p["lease"] = dict({"path": str(tmp_path / "lease.json"), "state": "held", "run_id": run_id,
+                       "controller": "ctl01", "user": "alice", "ttl": 3600}, **lease)
+    return p
+
+
+def test_the_lease_is_taken_in_the_same_call_and_only_read_in_check_mode(tmp_path):
+    preview = run_module("migrate_info", lease_params(tmp_path, "run-1"), check_mode=True)
+    assert preview.get("failed") is not True, preview
+    assert preview["lease"]["action"] == "take" and "check mode: nothing was written" in preview["lease"]["would"]
+    assert preview["changed"] is False and not (tmp_path / "lease.json").exists()
+    assert preview["fetch"]["would_fetch"]["bytes"] > 0
+    taken = run_module("migrate_info", lease_params(tmp_path, "run-1"))
+    assert taken.get("failed") is not True, taken
+    assert taken["lease"]["action"] == "take" and taken["changed"] is True
+    assert json.loads((tmp_path / "lease.json").read_text())["run_id"] == "run-1"
+    again = run_module("migrate_info", lease_params(tmp_path, "run-1"))
+    assert again["lease"]["action"] == "renew"
+
+
+def test_a_lease_another_run_holds_fails_the_read_before_the_host_is_read(tmp_path):
+    assert run_module("migrate_info", lease_params(tmp_path, "run-1")).get("failed") is not True
+    before = (tmp_path / "lease.json").read_text()
+    out = run_module("migrate_info", lease_params(tmp_path, "run-2"))
+    assert out["failed"] is True and "run-1" in out["msg"] and "break_lease" in out["msg"]
+    assert out["lease"]["action"] == "refuse" and out["lease"]["holder"]["run_id"] == "run-1"
+    assert "service" not in out and "fetch" not in out
+    assert (tmp_path / "lease.json").read_text() == before
+    # the dead run named: taken over, said as a warning
+    out = run_module("migrate_info", lease_params(tmp_path, "run-2", break_lease="run-1"))
+    assert out.get("failed") is not True and out["lease"]["taken_over"] is True
+    assert any("taken over from run run-1" in json.dumps(w) for w in out.get("warnings", []))
+
+
+def test_a_bad_lease_request_is_refused_by_name_and_nothing_is_written(tmp_path):
+    out = run_module("migrate_info", lease_params(tmp_path, "run 1"))
+    assert out["failed"] is True and "run_id 'run 1' is not a run id" in out["msg"]
+    out = run_module("migrate_info", lease_params(tmp_path, ""))
+    assert out["failed"] is True and "state=held needs run_id" in out["msg"]
+    assert not (tmp_path / "lease.json").exists()
