@@ -24,7 +24,7 @@ description:
   - One host-side call instead of a dozen tasks - the controller's cost per host is per task, so a
     fleet's preview is bound by this count (see the README's figures).
   - With O(lease), the host's lease comes first, in the same call - the one thing this module may
-    write: it is taken or renewed as M(modelswap.vllm.host_lease) does (in check mode only read),
+    write - taken or renewed as M(modelswap.vllm.host_lease) does it (in check mode only read),
     and a lease another run holds fails the read before anything else is read, naming the holder.
     The lease is a run's lock, not the host's state.
   - Role-private in spirit (the C(migrate) role's read step) but usable alone.
