@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import fleet_plan as fleet
-from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import host_plan, plan_data, plan_steps, run_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import final_record, host_plan, plan_data, plan_steps, run_record
 
 
 def human_bytes(value) -> str:
@@ -120,13 +120,32 @@ def migrate_record(inputs) -> dict:
     return _from_mapping(run_record.run_record, run_record.record_inputs, inputs)
 
 
+def final(hosts, hostvars, run_id, serve, settings, check_mode, now) -> dict:
+    """{host: {"plan", "record", "marks"}} of each host in ``hosts``, from its variables in
+    hostvars (fleet/final_record.py): one call for a whole play, on the controller."""
+    out = {}
+    for host in hosts or []:
+        facts = _values(hostvars, host)
+        try:
+            out[host] = final_record.final_of(facts, run_id=run_id, serve=facts.get("modelswap_serve") or serve,
+                                              settings=settings, check_mode=bool(check_mode), now=float(now))
+        except (plan_data.InputError, KeyError, TypeError) as exc:
+            raise AnsibleFilterError("migrate_final: %s: %s" % (host, exc))
+    return out
+
+
 def host_records(hosts, hostvars) -> list:
     """Each host's run record (None for a host that has none: unreachable, left out by --limit,
-    or stopped before its record was built), in the order of `hosts`."""
+    or stopped before its record was built), in the order of `hosts`: the host's migrate_record,
+    else the one the play's records built for it on the controller (localhost's __migrate_finals)."""
+    built = _values(hostvars, "localhost").get("__migrate_finals") or {}
     out = []
     for host in hosts or []:
-        values = hostvars[host] if host in hostvars else {}
-        out.append(values["migrate_record"] if "migrate_record" in values else None)
+        values = _values(hostvars, host)
+        if "migrate_record" in values:
+            out.append(values["migrate_record"])
+        else:
+            out.append((built.get(host) or {}).get("record"))
     return out
 
 
@@ -152,6 +171,6 @@ class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
                 "migrate_failure": failure_of, "migrate_fleet": fleet_plan, "migrate_store_others": store_others,
-                "migrate_record": migrate_record, "migrate_host_records": host_records,
+                "migrate_record": migrate_record, "migrate_host_records": host_records, "migrate_final": final,
                 "migrate_preview_diffs": preview_diffs, "migrate_settled": settled,
                 "human_bytes": human_bytes}

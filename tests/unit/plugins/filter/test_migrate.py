@@ -137,7 +137,7 @@ def test_the_filters_keep_their_names():
     assert set(migrate.FilterModule().filters()) == {
         "migrate_plan", "migrate_plan_lines", "migrate_read_plan", "migrate_failure", "migrate_fleet",
         "migrate_store_others", "migrate_record", "migrate_host_records", "migrate_preview_diffs",
-        "migrate_settled", "human_bytes"}
+        "migrate_settled", "migrate_final", "human_bytes"}
     assert migrate.human_bytes(1536) == "1.5 KiB" and migrate.human_bytes(None) == "?"
 
 
