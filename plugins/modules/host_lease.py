@@ -215,7 +215,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    request = {key: p[key] for key in host_lease.REQUEST_DEFAULTS}
+    request = {key: p[key] for key in host_lease.REQUEST_FIELDS}
     request["run_id"] = request["run_id"] or ""
     result = host_lease.outcome(p["path"], request, time.time(), module.check_mode, platform.node())
     if result.pop("failed", False):

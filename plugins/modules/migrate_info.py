@@ -278,7 +278,7 @@ def main():
     if module.params["lease"]:
         # first: a plan read while another run changes the host would be stale
         wanted = module.params["lease"]
-        lease = host_lease.outcome(wanted["path"], {key: wanted[key] for key in host_lease.REQUEST_DEFAULTS},
+        lease = host_lease.outcome(wanted["path"], {key: wanted[key] for key in host_lease.REQUEST_FIELDS},
                                    time.time(), module.check_mode, platform.node())
         if lease.get("failed"):
             module.fail_json(msg=lease["msg"], lease=lease)
@@ -291,8 +291,8 @@ def main():
     for warning in result.pop("warnings"):
         module.warn(warning)
     if lease is not None:
-        # the lease file is the one thing this module writes
-        result.update(lease=lease, changed=lease["changed"] and not module.check_mode)
+        # the lease file is the one thing this module writes (in check mode: would write)
+        result.update(lease=lease, changed=lease["changed"])
     module.exit_json(**result)
 
 

@@ -230,9 +230,8 @@ _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]*\Z")
 # what check mode says it would do, per action
 WOULD = {"take": "would take the lease", "renew": "would renew the lease", "release": "would give the lease back",
          "refuse": "would refuse", "none": "would change nothing"}
-# a request's fields (host_lease's options but path) and their defaults
-REQUEST_DEFAULTS = {"state": "held", "run_id": "", "controller": "", "user": "", "pid": 0, "ttl": 14400,
-                    "break_lease": "", "purpose": "migrate"}
+# a request's fields (host_lease's options but path)
+REQUEST_FIELDS = ("state", "run_id", "controller", "user", "pid", "ttl", "break_lease", "purpose")
 
 
 def request_problem(request: dict) -> str:

@@ -175,7 +175,8 @@ def test_the_lease_is_taken_in_the_same_call_and_only_read_in_check_mode(tmp_pat
     preview = run_module("migrate_info", lease_params(tmp_path, "run-1"), check_mode=True)
     assert preview.get("failed") is not True, preview
     assert preview["lease"]["action"] == "take" and "check mode: nothing was written" in preview["lease"]["would"]
-    assert preview["changed"] is False and not (tmp_path / "lease.json").exists()
+    # check mode says what would change (the lease), and writes nothing
+    assert preview["changed"] is True and not (tmp_path / "lease.json").exists()
     assert preview["fetch"]["would_fetch"]["bytes"] > 0
     taken = run_module("migrate_info", lease_params(tmp_path, "run-1"))
     assert taken.get("failed") is not True, taken
