@@ -201,15 +201,9 @@ from ansible_collections.modelswap.vllm.plugins.module_utils.common import host_
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type="path", default=host_lease.DEFAULT_PATH),
+            host_lease.LEASE_OPTIONS,
             state=dict(type="str", choices=list(host_lease.STATES), default="held"),
             run_id=dict(type="str"),
-            controller=dict(type="str", default=""),
-            user=dict(type="str", default=""),
-            pid=dict(type="int", default=0),
-            ttl=dict(type="int", default=14400),
-            break_lease=dict(type="str", default=""),
-            purpose=dict(type="str", default="migrate"),
         ),
         required_if=[("state", "held", ("run_id",)), ("state", "released", ("run_id",))],
         supports_check_mode=True,

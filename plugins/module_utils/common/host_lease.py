@@ -232,6 +232,17 @@ WOULD = {"take": "would take the lease", "renew": "would renew the lease", "rele
          "refuse": "would refuse", "none": "would change nothing"}
 # a request's fields (host_lease's options but path)
 REQUEST_FIELDS = ("state", "run_id", "controller", "user", "pid", "ttl", "break_lease", "purpose")
+# the options every lease request takes besides state and run_id, as an argument_spec (host_lease's
+# own, and migrate_info's lease option)
+LEASE_OPTIONS = dict(
+    path=dict(type="path", default=DEFAULT_PATH),
+    controller=dict(type="str", default=""),
+    user=dict(type="str", default=""),
+    pid=dict(type="int", default=0),
+    ttl=dict(type="int", default=14400),
+    break_lease=dict(type="str", default=""),
+    purpose=dict(type="str", default="migrate"),
+)
 
 
 def request_problem(request: dict) -> str:
