@@ -56,7 +56,7 @@ def final_of(facts, *, run_id: str, serve: str, settings: dict, check_mode: bool
     install = dict(_get(facts, "vllm_service_install_result", _get(plan_reg, "install", {})) or {},
                    enabled=_bool(own["install"]["enabled"]))
     fetched = _get(facts, "model_fetch_result", None)
-    if "model_fetch_result" in facts and isinstance(fetched, dict) and "peer" in fetched:
+    if isinstance(fetched, dict) and "peer" in fetched:
         source = _get(fetched["peer"], "got", _get(plan_reg, "source", None))
     else:
         source = _get(plan_reg, "source", None)
