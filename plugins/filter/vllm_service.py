@@ -9,6 +9,7 @@ turn its errors into AnsibleFilterError.
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
@@ -103,6 +104,16 @@ def vllm_service_layout(inputs):
     return settings.layout(inputs)
 
 
+def replica_head(groups, hostname):
+    """The head (node rank 0) of the host's replica group; '' for a host in no group."""
+    return replica_group.head_of(groups, hostname)
+
+
+def replica_play_problems(groups, hostname, play_hosts):
+    """Why the host's replica group cannot be changed in this play: nodes left out or unreachable."""
+    return replica_group.play_problems(groups, hostname, play_hosts)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -120,4 +131,6 @@ class FilterModule:
             "vllm_guard_env": _wrap(vllm_guard_env),
             "vllm_service_settings": vllm_service_settings,
             "vllm_service_layout": vllm_service_layout,
+            "replica_head": replica_head,
+            "replica_play_problems": replica_play_problems,
         }

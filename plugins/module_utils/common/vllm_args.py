@@ -45,7 +45,14 @@ RESERVED = {
               "unseen; put the arguments in vllm_args",
     "uds": "a Unix socket replaces vllm_service_host/vllm_service_port, which the readiness "
            "probe and the benchmark use",
-    "headless": "a headless vLLM serves no API; the role serves one slot with an API server",
+    "headless": "a node runs headless when it is a worker of a replica group "
+                "(modelswap_replica_groups: every node but the first)",
+    "nnodes": "a replica group (modelswap_replica_groups) sets the number of nodes",
+    "node_rank": "a replica group (modelswap_replica_groups) sets each node's rank from its order",
+    "master_addr": "a replica group (modelswap_replica_groups) sets the head's address",
+    "master_port": "set master_port on the replica group (modelswap_replica_groups)",
+    "distributed_timeout_seconds": "set distributed_timeout on the replica group "
+                                   "(modelswap_replica_groups)",
     "grpc": "the gRPC server replaces the HTTP API whose routes the role guards and probes",
     "shutdown_timeout": "use vllm_service_shutdown_timeout: the unit's TimeoutStopSec "
                         "(vllm_service_stop_timeout) is checked against the drain",

@@ -14,6 +14,7 @@ import json
 import re
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
 
 ACTIONS = ("deploy", "rollback", "install")
@@ -56,11 +57,14 @@ def slot_problem(s: dict) -> str:
 def settings_problems(s: dict) -> list:
     """Why the role's settings cannot be deployed (rollback and install check fewer), in the
     role's order. ``s``: action, accelerator, unit, port, verification, replaces, cpu_affinity,
-    model, models, render (vllm_unit.unit_problems' settings), api_key, require_api_key, host."""
+    model, models, render (vllm_unit.unit_problems' settings), api_key, require_api_key, host,
+    replica (replica_group.node_problems' arguments, with groups and hostname)."""
     problems = []
     why = slot_problem(s)
     if why:
         return [why]
+    replica = dict(s.get("replica") or {})
+    problems += replica_group.node_problems(replica.pop("groups", None), replica.pop("hostname", None), **replica)
     deploy = s.get("action") == "deploy"
     if deploy:
         unsafe = vllm_unit.unit_problems(s.get("render") or {})

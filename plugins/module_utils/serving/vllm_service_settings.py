@@ -19,6 +19,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import vllm_args as vllm_args_rules
 from ansible_collections.modelswap.vllm.plugins.module_utils.store import cache_layout
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_ready
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_checks
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_unit
@@ -160,6 +161,7 @@ def checks(i: dict, user_env) -> dict:
         "api_key": i.get("api_key"),
         "require_api_key": i.get("require_api_key"),
         "host": i.get("inventory_hostname"),
+        "replica": replica_inputs(i),
         "render": {
             "unit": i.get("unit"),
             "replaces": i.get("replaces"),
@@ -179,9 +181,29 @@ def checks(i: dict, user_env) -> dict:
     }
 
 
-def _user_env(i: dict, repo_id: str = ""):
+def replica_inputs(i: dict) -> dict:
+    """What the replica-group checks judge (replica_group.node_problems' arguments)."""
+    models = i.get("models") if isinstance(i.get("models"), dict) else {}
+    entry = models.get(i.get("model")) if isinstance(models.get(i.get("model")), dict) else {}
+    vllm_args = entry.get("vllm_args") if isinstance(entry.get("vllm_args"), dict) else {}
+    return {
+        "groups": i.get("replica_groups"),
+        "hostname": i.get("inventory_hostname"),
+        "parallel_sizes": {k: vllm_args.get(k) for k in vllm_args_rules.PARALLEL_KEYS},
+        "accelerator": i.get("accelerator"),
+        "enforce_eager": _bool(vllm_args.get("enforce_eager", False)),
+        "address": _text(i.get("node_address")),
+        "master_addr": _text(i.get("master_addr")),
+        "ifname": _text(i.get("node_ifname")),
+        "inventory_hosts": i.get("inventory_hosts"),
+    }
+
+
+def _user_env(i: dict, repo_id: str = "", place=None):
     try:
-        return vllm_unit.merge_env(base_env(_text(i.get("home")), repo_id), i.get("nccl_env"), i.get("env"))
+        return vllm_unit.merge_env(base_env(_text(i.get("home")), repo_id), i.get("nccl_env"), i.get("env"),
+                                   replica_group.node_env(place, _text(i.get("node_address")),
+                                                          _text(i.get("node_ifname"))))
     except (AttributeError, TypeError, ValueError):
         return None
 
@@ -201,13 +223,14 @@ def _entry(i: dict):
     return dict(entry, parallel=parallel)
 
 
-def _argv(i: dict, entry, bin_path: str, snapshot: str, middleware: str):
+def _argv(i: dict, entry, bin_path: str, snapshot: str, middleware: str, place=None):
     if entry is None:
         return None, "the catalog entry of %r is refused by the role's checks" % (i.get("model"),)
     try:
         return vllm_unit.serve_argv(bin_path, snapshot, entry["served_model_name"], i.get("host"),
                                     i.get("port"), entry["vllm_args"], middleware=middleware,
-                                    shutdown_timeout=i.get("shutdown_timeout", 0)), ""
+                                    shutdown_timeout=i.get("shutdown_timeout", 0),
+                                    node_flags=replica_group.serve_flags(place, _text(i.get("master_addr")))), ""
     except (vllm_unit.ArgsError, TypeError, ValueError) as exc:
         return None, str(exc)
 
@@ -251,7 +274,9 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
     gpus = gpus if isinstance(gpus, dict) else {}
     accel = accelerator(i.get("accelerator"), gpus)
     entry = _entry(i)
-    user_env = _user_env(i, (entry or {}).get("repo_id", ""))
+    # this host's node of a replica group (None: it serves alone, or the groups are refused)
+    place = replica_group.node(i.get("replica_groups"), i.get("inventory_hostname"))
+    user_env = _user_env(i, (entry or {}).get("repo_id", ""), place)
     settings = checks(i, user_env)
     guard = settings["render"]["guard"]
     env, env_problem = user_env, "" if user_env is not None else "vllm_service_env and vllm_service_nccl_env must be mappings"
@@ -263,7 +288,7 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
     out = dict(paths(i), **install(i, accel))
     snapshot = _text((facts.get("snapshot") or {}).get("path"))
     argv, argv_problem = _argv(i, entry, out["bin"], snapshot,
-                               vllm_unit.GUARD_MIDDLEWARE if guard else "")
+                               vllm_unit.GUARD_MIDDLEWARE if guard else "", place)
     if env is None:     # no unit is rendered without its environment: the unit says why
         argv, argv_problem = None, env_problem
     vllm_args = (entry or {}).get("vllm_args") or {}
@@ -278,7 +303,8 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
         "args": argv,
         "host": i.get("host"),
         "port": _int(i.get("port")),
-        "parallel": (entry or {}).get("parallel", 1),
+        # the GPUs of this host (its share of the model in a replica group)
+        "parallel": replica_group.per_node_parallel(place, (entry or {}).get("parallel", 1)),
         "enforce_eager": _bool(vllm_args.get("enforce_eager", False)),
         "gpu_memory_utilization": vllm_args.get("gpu_memory_utilization", 0.9),
         # the quality gate's settings (None: the entry has no gate)
@@ -287,6 +313,9 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
     target = _rollback_target(facts) if i.get("action") == "rollback" else deploy_target
     listen = _text(target.get("host", "0.0.0.0"))
     probe = _text(i.get("probe_host")) or ("127.0.0.1" if listen in WILDCARD_HOSTS else listen)
+    if place and place["headless"]:
+        # a worker serves no API: it proves the group through its head's
+        probe = _text(i.get("master_addr"))
     file_owner = {"owner": "root", "group": "root"}
     out.update({
         "facts": facts,
@@ -295,8 +324,10 @@ def _derive(inputs: dict, facts=None, gpus=None) -> tuple:
         "gpu_venv_python": venv_path(i, "cuda") + "/bin/python",
         "installed": {"vllm": facts["vllm"]} if facts.get("vllm") is not None else {},
         # what the host checks judge; the API key stays out of the dict, which is kept as a fact
-        "host_checks": dict(((k, v) for k, v in settings.items() if k != "api_key"),
-                            accel=accel, parallel=(entry or {}).get("parallel", 1)),
+        "host_checks": dict(((k, v) for k, v in settings.items() if k not in ("api_key", "replica")),
+                            accel=accel, parallel=deploy_target["parallel"]),
+        # this host's node of its replica group (replica_group.node), None when it serves alone
+        "replica": dict(place, master_addr=_text(i.get("master_addr"))) if place else None,
         "entry": entry,
         "served_name": served_name,
         "accel": accel,

@@ -26,11 +26,12 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def serve_argv(vllm_bin, model_path, served_model_name, host, port, vllm_args=None,
-               middleware=None, shutdown_timeout=0) -> list:
+               middleware=None, shutdown_timeout=0, node_flags=()) -> list:
     """``[vllm, serve, PATH, --host, H, --port, P, --served-model-name, N, <vllm_args>]``, and
     ``--middleware M`` (the role's route guard) and ``--shutdown-timeout S`` (vLLM's own drain on
     SIGTERM: in-flight requests finish within S seconds, new ones are refused; 0 leaves vLLM's
-    default, which aborts them) before the catalog's arguments when given."""
+    default, which aborts them) before the catalog's arguments when given; ``node_flags`` (a
+    replica group's node: serving/replica_group.serve_flags) last."""
     if not model_path or not str(model_path).startswith("/"):
         raise ArgsError("the model path must be an absolute path to the verified snapshot, got %r"
                         % (model_path,))
@@ -46,7 +47,8 @@ def serve_argv(vllm_bin, model_path, served_model_name, host, port, vllm_args=No
     drain = shutdown_seconds(shutdown_timeout)
     drain_args = ["--shutdown-timeout", str(drain)] if drain else []
     return [str(vllm_bin), "serve", str(model_path), "--host", str(host), "--port", str(port),
-            "--served-model-name", str(served_model_name)] + guard + drain_args + vllm_args_argv(vllm_args)
+            "--served-model-name", str(served_model_name)] + guard + drain_args + vllm_args_argv(vllm_args) \
+        + [str(flag) for flag in node_flags]
 
 
 # Seconds vLLM's teardown may take after its drain (engine, workers, the HTTP server) before
@@ -150,9 +152,11 @@ def merge_env(*layers) -> dict:
 
 def argv_settings(argv) -> dict:
     """What a rendered ``vllm serve`` argv says about its resources (for budgets and GPU checks):
-    {"parallel", "enforce_eager", "gpu_memory_utilization"}."""
+    {"parallel", "enforce_eager", "gpu_memory_utilization"}; ``parallel`` is this host's share
+    (the GPUs of one node when ``--nnodes`` spreads the model over a replica group)."""
     argv = [str(a) for a in (argv or [])]
     sizes = {}
+    nnodes = 1
     gmu = 0.9
     for i, word in enumerate(argv):
         key, eq, inline = word.partition("=")
@@ -168,9 +172,15 @@ def argv_settings(argv) -> dict:
                 gmu = float(value)
             except (TypeError, ValueError):
                 pass
+        elif key == "--nnodes":
+            try:
+                nnodes = max(1, int(value))
+            except (TypeError, ValueError):
+                pass
     parallel = 1
     for size in sizes.values():
         parallel *= max(1, size)
+    parallel = max(1, parallel // nnodes)
     return {"parallel": parallel, "enforce_eager": "--enforce-eager" in argv,
             "gpu_memory_utilization": gmu}
 

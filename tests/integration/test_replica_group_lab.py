@@ -1,0 +1,179 @@
+"""A replica group on the lab: the two lab hosts serve one model together (vLLM's multi-node
+multiprocessing backend, tensor parallel 2 over gloo on the lab bridge), deployed, swapped and
+rolled back by the vllm_service role as one unit (playbooks/deploy.yml).
+
+One story, in order (each group start costs about a minute on the two shared cores):
+
+  deploy tiny-a (TP=2) on the group -> bad inventories refused before anything changes (a group
+  the model cannot fill, a node left out by --limit, an unreachable node, a node in two groups)
+  -> a swap to tiny-b whose worker cannot start rolls the whole group back to tiny-a -> a swap to
+  tiny-b -> a rerun changes nothing.
+
+gpu1 is the head (node rank 0, the API server), gpu2 the headless worker; each node is pinned to
+its own core (the inventory's vllm_service_cpu_affinity, VLLM_CPU_OMP_THREADS_BIND the same).
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration import vllm_lab as V
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+
+HOSTS = ["gpu1", "gpu2"]
+HEAD, WORKER = HOSTS
+# The head fails this long after a worker that never joins (the lab's short rendezvous).
+GROUPS = {"pair": {"nodes": HOSTS, "distributed_timeout": 45}}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1",
+       "VLLM_CPU_OMP_THREADS_BIND": "{{ vllm_service_cpu_affinity }}"}
+
+
+def catalog(lab) -> dict:
+    """tiny-a and tiny-b over two nodes (tensor parallel 2), and tiny-a on one (which a group of
+    two cannot split)."""
+    models = {}
+    for name in ("tiny-a", "tiny-b"):
+        models[name] = {"repo_id": lab.models[name]["repo_id"], "revision": lab.models[name]["commit"],
+                        "served_model_name": name, "vllm_args": dict(V.CPU_ARGS, tensor_parallel_size=2)}
+    models["tiny-a-one"] = dict(models["tiny-a"], vllm_args=dict(V.CPU_ARGS))
+    return models
+
+
+class Ctx:
+    def __init__(self, lab):
+        self.lab = lab
+        self.key = V.new_api_key()
+
+    def run(self, model, *, limit="gpu1,gpu2", env=None, **extra):
+        extra.setdefault("modelswap_replica_groups", GROUPS)
+        extra.setdefault("vllm_service_node_ifname", "host0")
+        extra.setdefault("vllm_service_accelerator", "cpu")
+        return self.lab.playbook(V.DEPLOY, V.role_vars(self.lab, self.key, modelswap_serve=model,
+                                                       modelswap_models=catalog(self.lab),
+                                                       vllm_service_env=dict(ENV, **(env or {})), **extra),
+                                 limit=limit)
+
+    def outcome(self, result, host):
+        for res in result.task_results("Report the outcome", host):
+            if res["_event"] == "runner_on_ok":
+                return res["ansible_facts"]["vllm_service_result"]
+        raise AssertionError("no outcome for %s:\n%s" % (host, result.stdout[-4000:]))
+
+    def state(self):
+        """What a refused run must leave as it was: each node's main PID, unit, env and record."""
+        return {h: (V.unit_show(self.lab, h, "MainPID")["MainPID"],
+                    self.lab.ssh(h, "sha256sum /etc/systemd/system/vllm.service /etc/modelswap/vllm.env %s"
+                                 % V.RECORD).stdout) for h in HOSTS}
+
+    def argv(self, host):
+        return V.unit_show(self.lab, host, "ExecStart")["ExecStart"]
+
+    def serves(self, model):
+        """The group answers through its head with the model; the worker has no API."""
+        assert V.served_names(self.lab, HEAD, self.key) == [model]
+        status, body = V.http(self.lab, HEAD, "/v1/completions", self.key,
+                              {"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+        assert self.lab.ssh(WORKER, "ss -Htln 'sport = :%d'" % V.PORT).stdout.strip() == ""
+        for host in HOSTS:
+            assert V.unit_show(self.lab, host, "ActiveState")["ActiveState"] == "active"
+            assert V.record(self.lab, host)["model"] == model
+
+
+def failures(result, host):
+    return [(ev["event_data"]["task"], ev["event_data"]["res"].get("msg", ""))
+            for ev in result.events if ev.get("event") == "runner_on_failed"
+            and ev["event_data"].get("host") == host and not ev["event_data"].get("ignore_errors")]
+
+
+@pytest.fixture(scope="module")
+def ctx(lab):
+    for host in HOSTS:
+        V.reset_host(lab, host)
+    c = Ctx(lab)
+    V.prepare(lab, HOSTS, c.key)
+    c.first = c.run("tiny-a")
+    yield c
+    for host in HOSTS:
+        V.stop(lab, host)
+
+
+def test_two_hosts_serve_tiny_a_as_one_group(ctx):
+    run = ctx.first
+    assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
+    ctx.serves("tiny-a")
+    head, worker = ctx.argv(HEAD), ctx.argv(WORKER)
+    rendezvous = "--master-addr %s --master-port 29501 --distributed-timeout-seconds 45" % ctx.lab.address(HEAD)
+    assert "--nnodes 2 --node-rank 0 " + rendezvous in head and "--headless" not in head
+    assert "--headless --nnodes 2 --node-rank 1 " + rendezvous in worker
+    assert "--tensor-parallel-size 2" in head and "--tensor-parallel-size 2" in worker
+    for host in HOSTS:
+        env = ctx.lab.ssh(host, "cat /etc/modelswap/vllm.env").stdout
+        assert 'VLLM_HOST_IP="%s"' % ctx.lab.address(host) in env and 'GLOO_SOCKET_IFNAME="host0"' in env
+        assert ctx.outcome(run, host)["swapped"] is True
+    # the worker started first and proved the group through its head
+    assert run.task_results("Start the new service on the workers of a replica group", WORKER)
+    assert run.task_results("Prove the group serves through its head, with this worker running", WORKER)
+
+
+def test_bad_inventories_are_refused_before_anything_changes(ctx):
+    lab, before = ctx.lab, ctx.state()
+    # the model needs one GPU (here one process), the group has two nodes
+    run = ctx.run("tiny-a-one")
+    assert run.rc != 0
+    assert any("cannot be split evenly" in msg for _, msg in failures(run, WORKER)), run.failures()
+    # a node left out of the play: the other is not stopped alone
+    run = ctx.run("tiny-b", limit=HEAD)
+    assert run.rc != 0
+    assert any("whose gpu2 is not in this play" in msg for _, msg in failures(run, HEAD)), run.failures()
+    # an unreachable node (its address leads nowhere): the head refuses the swap
+    run = ctx.run("tiny-b", ansible_host="{{ '10.213.7.250' if inventory_hostname == 'gpu2' else '%s' }}"
+                  % lab.address(HEAD), ansible_ssh_timeout=5)
+    assert run.rc != 0
+    assert any("whose gpu2 is not in this play" in msg for _, msg in failures(run, HEAD)), run.failures()
+    # a node in two groups
+    run = ctx.run("tiny-b", modelswap_replica_groups=dict(GROUPS, other={"nodes": [WORKER, "gpu3"]}))
+    assert run.rc != 0
+    assert any("gpu2 is a node of both 'pair' and 'other'" in msg for _, msg in failures(run, HEAD)), run.failures()
+    assert ctx.state() == before
+    ctx.serves("tiny-a")
+
+
+def test_a_worker_that_cannot_start_rolls_the_whole_group_back(ctx):
+    # the worker's vLLM dies at import (an unknown log level); the head waits for it, then fails
+    run = ctx.run("tiny-b", env={"VLLM_LOGGING_LEVEL": "{{ 'NOPE' if inventory_hostname == 'gpu2' else 'INFO' }}"})
+    assert run.rc != 0
+    head_msgs = " ".join(msg for _, msg in failures(run, HEAD))
+    worker_msgs = " ".join(msg for _, msg in failures(run, WORKER))
+    assert "FAILED at Wait until the new server serves" in head_msgs and "Rolled back: 'tiny-a'" in head_msgs
+    assert "the head gpu1 of replica group pair did not serve 'tiny-b'" in worker_msgs
+    assert "Rolled back: 'tiny-a'" in worker_msgs
+    ctx.serves("tiny-a")
+    assert "models--lab--tiny-a" in ctx.argv(WORKER) and "--headless" in ctx.argv(WORKER)
+
+
+def test_the_group_swaps_to_tiny_b_and_a_rerun_changes_nothing(ctx):
+    run = ctx.run("tiny-b")
+    assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
+    ctx.serves("tiny-b")
+    for host in HOSTS:
+        assert ctx.outcome(run, host)["replaced_model"] == "tiny-a"
+    pids = {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS}
+    again = ctx.run("tiny-b")
+    assert again.rc == 0, again.failures()
+    for host in HOSTS:
+        assert ctx.outcome(again, host)["swapped"] is False and again.changed(host) == 0
+    assert {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS} == pids
+
+
+def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx):
+    before = ctx.state()
+    run = ctx.lab.playbook("playbooks/migrate.yml", V.role_vars(
+        ctx.lab, ctx.key, modelswap_serve="tiny-a", modelswap_models=catalog(ctx.lab),
+        modelswap_replica_groups=GROUPS, modelswap_benchmark=False), limit="gpu1,gpu2,localhost")
+    assert run.rc != 0
+    msgs = " ".join(msg for host in HOSTS for _, msg in failures(run, host))
+    assert "gpu1, gpu2 are nodes of a replica group" in msgs and "Nothing was changed" in msgs, run.failures()
+    # refused before the read: no host was reached
+    assert not run.task_results("Read the host (refusals, lease, what it serves and has, the disk plan, the GPUs)")
+    assert ctx.state() == before
