@@ -104,9 +104,10 @@ def vllm_service_layout(inputs):
     return settings.layout(inputs)
 
 
-def replica_head(groups, hostname):
-    """The head (node rank 0) of the host's replica group; '' for a host in no group."""
-    return replica_group.head_of(groups, hostname)
+def replica_node(groups, hostname):
+    """The host's node of its replica group (group, nodes, rank, head, headless, ...); None for a
+    host in no group."""
+    return replica_group.node(groups, hostname)
 
 
 def replica_play_problems(groups, hostname, play_hosts):
@@ -131,6 +132,6 @@ class FilterModule:
             "vllm_guard_env": _wrap(vllm_guard_env),
             "vllm_service_settings": vllm_service_settings,
             "vllm_service_layout": vllm_service_layout,
-            "replica_head": replica_head,
+            "replica_node": replica_node,
             "replica_play_problems": replica_play_problems,
         }

@@ -166,6 +166,25 @@ def test_the_group_swaps_to_tiny_b_and_a_rerun_changes_nothing(ctx):
     assert {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS} == pids
 
 
+def test_the_fleet_table_reads_a_worker_through_its_head(ctx):
+    run = ctx.lab.playbook("playbooks/status.yml", {"vllm_service_api_key": ctx.key,
+                                                    "vllm_service_port": V.PORT,
+                                                    "modelswap_replica_groups": GROUPS})
+    assert run.rc == 0, run.failures()
+    for host in HOSTS:
+        (res,) = [r for r in run.task_results("Note this host's status", host) if r["_event"] == "runner_on_ok"]
+        status = res["ansible_facts"]["fleet_status_result"]
+        assert status["record_model"] == "tiny-b" and status["serving"] == ["tiny-b"], status
+        assert status["problems"] == [], status
+        assert status["replica"] == {"group": "pair", "rank": HOSTS.index(host), "head": HEAD, "nodes": HOSTS}
+    table = "\n".join(run.task_results("Show the fleet table")[0]["msg"])
+    assert "replica group pair: gpu1 serves the API; gpu2 runs headless (their rows read the group through gpu1)" \
+        in table and "no problems:" in table, table
+    # the worker is no server of the pool: the group is reached through its head
+    assert [r for r in run.task_results("Note this host's status", WORKER)
+            if r["_event"] == "runner_on_ok"][0]["ansible_facts"]["fleet_status_result"]["pool"] is None
+
+
 def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx):
     before = ctx.state()
     run = ctx.lab.playbook("playbooks/migrate.yml", V.role_vars(
@@ -177,3 +196,30 @@ def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx):
     # refused before the read: no host was reached
     assert not run.task_results("Read the host (refusals, lease, what it serves and has, the disk plan, the GPUs)")
     assert ctx.state() == before
+
+
+def test_the_preview_says_what_each_node_would_do(ctx):
+    before = ctx.state()
+    run = ctx.lab.playbook(V.DEPLOY, V.role_vars(
+        ctx.lab, ctx.key, modelswap_serve="tiny-a", modelswap_models=catalog(ctx.lab), vllm_service_env=ENV,
+        modelswap_replica_groups=GROUPS, vllm_service_node_ifname="host0", vllm_service_accelerator="cpu"),
+        limit="gpu1,gpu2", check=True, diff=True)
+    assert run.rc == 0, run.failures()
+    said = {h: run.task_results("Say what is stopped and started", h)[0]["msg"] for h in HOSTS}
+    assert "would stop it, then start it serving tiny-a as 'tiny-a' on port 8100" in said[HEAD]
+    assert "(node 0 of replica group pair: gpu1, gpu2)" in said[HEAD]
+    assert "start it serving tiny-a as 'tiny-a' as a headless worker" in said[WORKER]
+    assert "(node 1 of replica group pair: gpu1, gpu2)" in said[WORKER]
+    assert ctx.state() == before
+
+
+def test_the_rollback_returns_the_whole_group_to_tiny_a(ctx):
+    run = ctx.lab.playbook(V.ROLLBACK, V.role_vars(
+        ctx.lab, ctx.key, modelswap_models=catalog(ctx.lab), vllm_service_env=ENV,
+        modelswap_replica_groups=GROUPS, vllm_service_node_ifname="host0", vllm_service_accelerator="cpu"),
+        limit="gpu1,gpu2")
+    assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
+    ctx.serves("tiny-a")
+    for host in HOSTS:
+        assert ctx.outcome(run, host)["swapped"] is True and V.record(ctx.lab, host)["previous"]["model"] == "tiny-b"
+    assert "--headless --nnodes 2 --node-rank 1" in ctx.argv(WORKER)

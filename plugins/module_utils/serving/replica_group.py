@@ -115,12 +115,6 @@ def node(groups, hostname):
     return None
 
 
-def head_of(groups, hostname) -> str:
-    """The head (node rank 0) of the host's group; '' for a host in no group."""
-    place = node(groups, hostname)
-    return place["head"] if place else ""
-
-
 def _address_problem(what, value) -> str:
     try:
         ipaddress.ip_address(str(value))

@@ -306,3 +306,23 @@ def test_status_says_no_problems_and_why_a_pool_is_unreadable(tmp_path, servers)
     assert lines[2].startswith("pool: unreadable: cannot read http://127.0.0.1:")
     assert lines[2].endswith("HTTP Error 404: Not Found")
     assert lines[3:] == ["no problems: record, service and server agree on each of the 1 host(s) read"]
+
+
+def test_a_worker_of_a_replica_group_is_read_through_its_head(tmp_path, servers):
+    # gpu2 runs headless: nothing answers on its own port, its group serves through gpu1
+    inventory, bin_dir = fleet(tmp_path, servers, {"gpu1": ("tiny-a", ["tiny-a"], True),
+                                                   "gpu2": ("tiny-a", [], True)}, csv_text("gpu1", ("gpu2", "DOWN")))
+    groups = json.dumps({"modelswap_replica_groups": {"pair": {"nodes": ["gpu1", "gpu2"]}}})
+    out = status(inventory, bin_dir, "-e", groups)
+    lines = table(out)
+    assert lines[1].split()[:6] == ["gpu1", "tiny-a", "tiny-a", "c" * 12, "active", "UP"]
+    assert lines[2].split()[:6] == ["gpu2", "tiny-a", "tiny-a", "c" * 12, "active", "-"]
+    assert lines[3:] == [
+        "replica group pair: gpu1 serves the API; gpu2 runs headless (their rows read the group through gpu1)",
+        "no problems: record, service, server and pool agree on each of the 2 host(s) read"]
+    hosts = custom_stats(out)["modelswap_status"]
+    assert hosts["gpu2"]["replica"] == {"group": "pair", "rank": 1, "head": "gpu1", "nodes": ["gpu1", "gpu2"]}
+    assert hosts["gpu1"]["replica"]["rank"] == 0 and hosts["gpu2"]["pool"] is None
+    # without the group the same worker is flagged: its own port answers nothing
+    lines = table(status(inventory, bin_dir))
+    assert any(line.startswith("! gpu2: record names tiny-a and") for line in lines), lines
