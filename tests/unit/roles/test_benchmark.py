@@ -236,3 +236,19 @@ def test_a_rate_ladder_previews_its_search_then_finds_the_capacity_at_the_slo(si
     assert all(s["concurrency"] is None and s["rate"]["dispatch_delay_ms"]["n"] > 0 for s in doc["steps"])
     assert f"**{doc['headline']}.**" in (report.parent / "report.md").read_text()
     assert KEY not in run.stdout
+
+
+def test_a_replica_group_is_benchmarked_through_its_head(sim, tmp_path):
+    # sim2 runs headless in the group: it has no API (its benchmark_url leads nowhere)
+    local = {"ansible_connection": "local", "ansible_host": "127.0.0.1", "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": {"sim1": local, "sim2": dict(local, benchmark_url="http://127.0.0.1:9")}}}))
+    results = tmp_path / "results"
+    run = playbook(inventory, settings(sim, results, modelswap_replica_groups={"pair": {"nodes": ["sim1", "sim2"]}}),
+                   host="sim1,sim2")
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "sim2 runs headless in replica group pair; the group is benchmarked through its head sim1" in flat(run.stdout)
+    [report] = runs(results)
+    assert json.loads(report.read_text())["deployment"]["replica_group"] == {"name": "pair", "nodes": ["sim1", "sim2"]}
+    assert "| replica group | pair: sim1 (head), sim2 |" in (report.parent / "report.md").read_text()
+    assert not (results / "sim2").exists()

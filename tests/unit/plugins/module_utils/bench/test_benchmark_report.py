@@ -48,6 +48,15 @@ def test_markdown_says_what_is_invalid_and_why():
     assert "Plots skipped: plots were turned off." in md
 
 
+def test_a_replica_groups_report_names_its_nodes():
+    rep = benchmark_report.build(bench_stats.analyze(synthetic_run()), run_id="r1", host="gpu1", model="tiny-a",
+                                 commit="c" * 40, target="http://gpu1:8000",
+                                 deployment={"replica_group": {"name": "pair", "nodes": ["gpu1", "gpu2"]}})
+    assert json.loads(benchmark_report.render_json(rep))["deployment"]["replica_group"]["nodes"] == ["gpu1", "gpu2"]
+    assert "| replica group | pair: gpu1 (head), gpu2 |" in benchmark_report.render_markdown(rep, [], None)
+    assert "replica group" not in benchmark_report.render_markdown(report_of(synthetic_run()), [], None)
+
+
 def test_previous_run_is_found_and_compared(tmp_path):
     root = tmp_path / "results"
     older = root / "gpu1" / "tiny-a" / ("a" * 40) / "20261201T100000Z"
