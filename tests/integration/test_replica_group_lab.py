@@ -7,8 +7,9 @@ One story, in order (each group start costs about a minute on the two shared cor
   deploy tiny-a (TP=2) on the group -> bad inventories refused before anything changes (a group
   the model cannot fill, a node left out by --limit, an unreachable node, a node in two groups)
   -> a swap to tiny-b whose worker cannot start rolls the whole group back to tiny-a -> a swap to
-  tiny-b -> a rerun changes nothing -> the fleet table -> the preview and the rollback to tiny-a ->
-  a controller killed between the worker's start and the head's converges on rerun.
+  tiny-b -> a rerun changes nothing -> the fleet table -> the preview -> (campaign, `make
+  test-full`) the rollback to tiny-a, and a controller killed between the worker's start and the
+  head's that converges on rerun.
 
 gpu1 is the head (node rank 0, the API server), gpu2 the headless worker; each node is pinned to
 its own core (the inventory's vllm_service_cpu_affinity, VLLM_CPU_OMP_THREADS_BIND the same).
@@ -215,6 +216,7 @@ def test_the_preview_says_what_each_node_would_do(ctx):
     assert ctx.state() == before
 
 
+@pytest.mark.campaign
 def test_the_rollback_returns_the_whole_group_to_tiny_a(ctx):
     run = ctx.lab.playbook(V.ROLLBACK, V.role_vars(
         ctx.lab, ctx.key, modelswap_models=catalog(ctx.lab), vllm_service_env=ENV,
@@ -227,8 +229,11 @@ def test_the_rollback_returns_the_whole_group_to_tiny_a(ctx):
     assert "--headless --nnodes 2 --node-rank 1" in ctx.argv(WORKER)
 
 
+@pytest.mark.campaign
 def test_a_controller_killed_between_the_worker_and_the_head_converges_on_rerun(ctx):
-    extra = V.role_vars(ctx.lab, ctx.key, modelswap_serve="tiny-b", modelswap_models=catalog(ctx.lab),
+    before = V.record(ctx.lab, HEAD)["model"]
+    target = "tiny-a" if before == "tiny-b" else "tiny-b"     # (make test leaves out the rollback above)
+    extra = V.role_vars(ctx.lab, ctx.key, modelswap_serve=target, modelswap_models=catalog(ctx.lab),
                         vllm_service_env=ENV, modelswap_replica_groups=GROUPS, vllm_service_node_ifname="host0",
                         vllm_service_accelerator="cpu")
     # the second task named so: the head's start, after the worker's ("... on the workers ...")
@@ -236,11 +241,11 @@ def test_a_controller_killed_between_the_worker_and_the_head_converges_on_rerun(
                             occurrence=2, limit="gpu1,gpu2")
     assert crashed["killed"], crashed["output"][-3000:]
     assert V.unit_show(ctx.lab, WORKER, "ActiveState")["ActiveState"] in ("active", "activating")
-    assert "models--lab--tiny-b" in ctx.argv(WORKER)
-    assert V.record(ctx.lab, WORKER)["model"] == "tiny-a"        # not recorded: nothing was proved
+    assert "models--lab--%s" % target in ctx.argv(WORKER)
+    assert V.record(ctx.lab, WORKER)["model"] == before        # not recorded: nothing was proved
     # the same command again (a group the dead run started may still be coming up)
-    run = ctx.run("tiny-b", vllm_service_verify_wait_for_start=True)
+    run = ctx.run(target, vllm_service_verify_wait_for_start=True)
     assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
-    ctx.serves("tiny-b")
+    ctx.serves(target)
     for host in HOSTS:
-        assert V.record(ctx.lab, host)["previous"]["model"] == "tiny-a"
+        assert V.record(ctx.lab, host)["previous"]["model"] == before
