@@ -188,16 +188,18 @@ def test_the_fleet_table_reads_a_worker_through_its_head(ctx):
             if r["_event"] == "runner_on_ok"][0]["ansible_facts"]["fleet_status_result"]["pool"] is None
 
 
-def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx):
+def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx, tmp_path):
     before = ctx.state()
     run = ctx.lab.playbook("playbooks/migrate.yml", V.role_vars(
         ctx.lab, ctx.key, modelswap_serve="tiny-a", modelswap_models=catalog(ctx.lab),
-        modelswap_replica_groups=GROUPS, modelswap_benchmark=False), limit="gpu1,gpu2,localhost")
+        modelswap_replica_groups=GROUPS, modelswap_benchmark=False, modelswap_results_dir=str(tmp_path)),
+        limit="gpu1,gpu2,localhost")
     assert run.rc != 0
-    msgs = " ".join(msg for host in HOSTS for _, msg in failures(run, host))
-    assert "gpu1, gpu2 are nodes of a replica group" in msgs and "Nothing was changed" in msgs, run.failures()
-    # refused before the read: no host was reached
-    assert not run.task_results("Read the host (refusals, lease, what it serves and has, the disk plan, the GPUs)")
+    for host in HOSTS:
+        msgs = " ".join(msg for _, msg in failures(run, host))
+        assert "migrate: %s is node %d of replica group 'pair'" % (host, HOSTS.index(host)) in msgs, run.failures()
+        # refused by the read before it reached the host: no lease was taken
+        assert ctx.lab.ssh(host, "test -e /var/lib/modelswap/lease.json", check=False).returncode != 0
     assert ctx.state() == before
 
 

@@ -16,6 +16,7 @@ from typing import TypedDict
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_data import dig
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_steps import STEP_ORDER, plan_steps
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import service_files
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_service_facts import restart_reasons
 
@@ -50,6 +51,19 @@ class ReadSettings(TypedDict, total=False):
     swap_problems: list
     drain_mark: str
     staged_record: str
+
+
+def group_refusal(groups, host: str) -> str:
+    """Why the migration refuses a node of a replica group ('' for a host that serves alone): it
+    swaps one host at a time, and a group's nodes stop and start as one unit (vllm_service's
+    deploy does that)."""
+    place = replica_group.node(groups, host)
+    if not place:
+        return ""
+    return ("migrate: %s is node %d of replica group %r (%s), which the migration does not swap yet: it "
+            "swaps one host at a time, and a group's nodes stop and start as one unit. Deploy the group "
+            "with playbooks/deploy.yml (purge.yml and fetch.yml prepare its nodes), or leave its nodes out "
+            "with --limit. Nothing was changed." % (host, place["rank"], place["group"], ", ".join(place["nodes"])))
 
 
 def purge_problem(host: str, target: str, disk: dict, settings: ReadSettings) -> str:

@@ -164,3 +164,10 @@ def test_a_host_in_no_group_renders_as_before():
                                                                         "vllm_args": {"enforce_eager": True}}}), FACTS)
     assert alone["replica"] is None and "--nnodes" not in alone["argv"] and "--headless" not in alone["argv"]
     assert alone["env"]["VLLM_HOST_IP"] == "127.0.0.1"
+
+
+def test_the_migration_refuses_a_node_of_a_group_by_name_and_nobody_else():
+    from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import host_plan
+    why = host_plan.group_refusal(GROUPS, "gpu2")
+    assert why.startswith("migrate: gpu2 is node 1 of replica group 'pair' (gpu1, gpu2)") and "deploy.yml" in why
+    assert host_plan.group_refusal(GROUPS, "gpu3") == "" and host_plan.group_refusal({}, "gpu1") == ""
