@@ -280,8 +280,8 @@ def render_markdown(report, plots_written=None, plots_error=None):
     group = dep.get("replica_group") or {}
     if group.get("nodes"):
         # a model served across hosts: the target is its head, the report the group's
-        keys.append(("replica group", "%s: %s (head), %s" % (group.get("name"), group["nodes"][0],
-                                                            ", ".join(group["nodes"][1:]))))
+        nodes = group["nodes"]
+        keys.append(("replica group", "%s: %s (head), %s" % (group.get("name"), nodes[0], ", ".join(nodes[1:]))))
     out += ["| item | value |", "|---|---|"]
     out += [f"| {k} | {'-' if v is None else v} |" for k, v in keys]
     out += ["", "## Steps", "",
