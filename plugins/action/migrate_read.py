@@ -51,10 +51,9 @@ class ActionModule(ActionBase):
         store = info["store"]
         # the catalog's and the slot settings' refusals, before the host is reached
         inputs = args.get("layout_inputs") or {}
+        grouped = host_plan.group_refusal(inputs.get("replica_groups"), inputs.get("inventory_hostname"))
         problems = (catalog.target_refusals(store.get("models") or {}, store.get("target"), store.get("keep") or [])
-                    or layout["problems"]
-                    or [why for why in [host_plan.group_refusal(inputs.get("replica_groups"),
-                                                                inputs.get("inventory_hostname"))] if why])
+                    or layout["problems"] or ([grouped] if grouped else []))
         result.update(changed=False, layout=layout)
         if problems:
             return dict(result, failed=True, msg=problems[0], refusals=problems)

@@ -35,10 +35,6 @@ PROBLEM_PREFIX = "modelswap_replica_groups: "
 FIX = " Nothing was changed."
 
 
-def _groups(groups) -> dict:
-    return groups if isinstance(groups, dict) else {}
-
-
 def _int(value):
     if isinstance(value, bool):
         return None
@@ -96,9 +92,12 @@ def group_problems(groups) -> list:
 def node(groups, hostname):
     """This host's place in its group: {group, nodes, rank, nnodes, head, headless, master_port,
     distributed_timeout}; None for a host in no group or when the groups are refused."""
-    if group_problems(groups):
-        return None
-    for name, group in _groups(groups).items():
+    return None if group_problems(groups) else _place(groups, hostname)
+
+
+def _place(groups, hostname):
+    """node() for groups group_problems accepted."""
+    for name, group in (groups or {}).items():
         nodes = group["nodes"]
         if hostname in nodes:
             rank = nodes.index(hostname)
@@ -133,7 +132,7 @@ def node_problems(groups, hostname, *, parallel_sizes=None, accelerator="", enfo
     problems = group_problems(groups)
     if problems:
         return problems
-    place = node(groups, hostname)
+    place = _place(groups, hostname)
     if place is None:
         return []
     where = PROBLEM_PREFIX + "group %r" % place["group"]
