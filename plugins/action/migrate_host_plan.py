@@ -60,7 +60,8 @@ def probe_args(probe: dict, wait_for_start: bool) -> dict:
     point sets them: a record that names another deployment means an interrupted run may have
     started this server moments ago, so it gets the start-up budget and checks."""
     args = {key: probe[key] for key in ("host", "port", "served_model_name", "api_key_file", "unit",
-                                        "timeout", "poll_interval", "journal_lines") if key in probe}
+                                        "check_port_owner", "timeout", "poll_interval", "journal_lines")
+            if key in probe}
     start = probe.get("start") or {}
     if wait_for_start:
         args.pop("timeout", None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.modelswap.vllm.plugins.module_utils.common import catalog
-from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import host_plan
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import vllm_service_settings
 
 # where deployment_record leaves an interrupted write's staged copies, under the slot's saved_dir
@@ -49,11 +48,9 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("migrate_read: info must be migrate_info's arguments (a dict with store)")
         layout = vllm_service_settings.layout(args.get("layout_inputs") or {})
         store = info["store"]
-        # the catalog's and the slot settings' refusals, before the host is reached
-        inputs = args.get("layout_inputs") or {}
-        grouped = host_plan.group_refusal(inputs.get("replica_groups"), inputs.get("inventory_hostname"))
+        # the catalog's and the slot settings' refusals (a replica group's too), before the host is reached
         problems = (catalog.target_refusals(store.get("models") or {}, store.get("target"), store.get("keep") or [])
-                    or layout["problems"] or ([grouped] if grouped else []))
+                    or layout["problems"])
         result.update(changed=False, layout=layout)
         if problems:
             return dict(result, failed=True, msg=problems[0], refusals=problems)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import fleet_plan as fleet
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import final_record, host_plan, plan_data, plan_steps, run_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 
 
 def human_bytes(value) -> str:
@@ -99,10 +100,10 @@ def other_reads(others, hostvars) -> list:
 
 
 def fleet_plan(hosts, hostvars, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None,
-               others=None) -> dict:
+               others=None, groups=None) -> dict:
     """The fleet-wide part of the plan (fleet/fleet_plan.py) from every host's read in hostvars."""
     return fleet.fleet_plan(fleet_hosts(hosts, hostvars), peers=bool(peers), fanout=fanout, hub_seeds=hub_seeds,
-                            lb=lb, others=other_reads(others, hostvars))
+                            lb=lb, others=other_reads(others, hostvars), groups=groups)
 
 
 def store_others(inventory_hosts, hostvars, play_hosts) -> list:
@@ -124,11 +125,16 @@ def final(hosts, hostvars, run_id, serve, settings, check_mode, now) -> dict:
     """{host: {"plan", "record", "marks"}} of each host in ``hosts``, from its variables in
     hostvars (fleet/final_record.py): one call for a whole play, on the controller."""
     out = {}
+    groups = (settings or {}).get("replica_groups") if hasattr(settings, "get") else None
+    group_swaps = (_values(hostvars, "localhost").get("__migrate_rollout") or {}).get("group_swaps") or {}
     for host in hosts or []:
         facts = _values(hostvars, host)
+        place = replica_group.node(groups, host)
         try:
-            out[host] = final_record.final_of(facts, run_id=run_id, serve=facts.get("modelswap_serve") or serve,
-                                              settings=settings, check_mode=bool(check_mode), now=float(now))
+            out[host] = final_record.final_of(
+                facts, run_id=run_id, serve=facts.get("modelswap_serve") or serve, settings=settings,
+                check_mode=bool(check_mode), now=float(now), group_swap=group_swaps.get(host, "") if place else "",
+                replica={k: place[k] for k in ("group", "nodes", "rank", "head")} if place else None)
         except (plan_data.InputError, KeyError, TypeError) as exc:
             raise AnsibleFilterError("migrate_final: %s: %s" % (host, exc))
     return out
@@ -167,10 +173,22 @@ def settled(hosts, hostvars) -> list:
             if (_values(hostvars, host).get("__migrate") or {}).get("settled") is True]
 
 
+def rollout(hosts, hostvars, groups=None, serial="100%") -> dict:
+    """The rollout play's hosts and batches (fleet/fleet_plan.py's rollout), from each host's plan
+    in hostvars: the settled hosts left out, a replica group's nodes together and counted once by
+    ``serial``, and the nodes that restart only because their group does."""
+    swaps = {host: bool(((_values(hostvars, host).get("__migrate") or {}).get("todo") or {}).get("swap"))
+             for host in hosts or []}
+    try:
+        return fleet.rollout(hosts, groups, serial, swaps, settled(hosts, hostvars))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 class FilterModule:
     def filters(self):
         return {"migrate_plan": migrate_plan, "migrate_plan_lines": plan_lines, "migrate_read_plan": read_plan,
                 "migrate_failure": failure_of, "migrate_fleet": fleet_plan, "migrate_store_others": store_others,
                 "migrate_record": migrate_record, "migrate_host_records": host_records, "migrate_final": final,
-                "migrate_preview_diffs": preview_diffs, "migrate_settled": settled,
+                "migrate_preview_diffs": preview_diffs, "migrate_settled": settled, "migrate_rollout": rollout,
                 "human_bytes": human_bytes}

@@ -1,15 +1,18 @@
 """A replica group on the lab: the two lab hosts serve one model together (vLLM's multi-node
 multiprocessing backend, tensor parallel 2 over gloo on the lab bridge), deployed, swapped and
-rolled back by the vllm_service role as one unit (playbooks/deploy.yml).
+rolled back as one unit by the vllm_service role (playbooks/deploy.yml) and by the migration
+(playbooks/migrate.yml: the group in one batch, its worker restarted with its head).
 
 One story, in order (each group start costs about a minute on the two shared cores):
 
   deploy tiny-a (TP=2) on the group -> bad inventories refused before anything changes (a group
   the model cannot fill, a node left out by --limit, an unreachable node, a node in two groups)
-  -> a swap to tiny-b whose worker cannot start rolls the whole group back to tiny-a -> a swap to
-  tiny-b -> a rerun changes nothing -> the fleet table -> the preview -> (campaign, `make
-  test-full`) the rollback to tiny-a, and a controller killed between the worker's start and the
-  head's that converges on rerun.
+  -> a migration to tiny-b whose worker cannot start rolls the whole group back to tiny-a -> a
+  migration left with one node (--limit) refused before anything changes -> the migration's
+  preview (the group as one unit) -> the migration to tiny-b -> a rerun changes nothing -> the
+  fleet table -> deploy.yml's preview -> (campaign, `make test-full`) the rollback to tiny-a, a
+  controller killed between the worker's start and the head's that converges on rerun, and the
+  migration back.
 
 gpu1 is the head (node rank 0, the API server), gpu2 the headless worker; each node is pinned to
 its own core (the inventory's vllm_service_cpu_affinity, VLLM_CPU_OMP_THREADS_BIND the same).
@@ -43,9 +46,10 @@ def catalog(lab) -> dict:
 
 
 class Ctx:
-    def __init__(self, lab):
+    def __init__(self, lab, results):
         self.lab = lab
         self.key = V.new_api_key()
+        self.results = results
 
     def run(self, model, *, limit="gpu1,gpu2", env=None, **extra):
         extra.setdefault("modelswap_replica_groups", GROUPS)
@@ -55,6 +59,17 @@ class Ctx:
                                                        modelswap_models=catalog(self.lab),
                                                        vllm_service_env=dict(ENV, **(env or {})), **extra),
                                  limit=limit)
+
+    def migrate(self, model, *, limit="gpu1,gpu2,localhost", check=False, env=None, **extra):
+        """playbooks/migrate.yml on the group (no load balancer: the lab's HAProxy checks another
+        port, and the two lab hosts are the group, so no other server would keep serving)."""
+        for key, value in (("modelswap_replica_groups", GROUPS), ("vllm_service_node_ifname", "host0"),
+                           ("vllm_service_accelerator", "cpu"), ("lb_pool_type", "none"),
+                           ("modelswap_benchmark", False), ("modelswap_results_dir", self.results)):
+            extra.setdefault(key, value)
+        return self.lab.playbook("playbooks/migrate.yml", V.role_vars(
+            self.lab, self.key, modelswap_serve=model, modelswap_models=catalog(self.lab),
+            vllm_service_env=dict(ENV, **(env or {})), **extra), limit=limit, check=check, diff=check)
 
     def outcome(self, result, host):
         for res in result.task_results("Report the outcome", host):
@@ -90,10 +105,10 @@ def failures(result, host):
 
 
 @pytest.fixture(scope="module")
-def ctx(lab):
+def ctx(lab, tmp_path_factory):
     for host in HOSTS:
         V.reset_host(lab, host)
-    c = Ctx(lab)
+    c = Ctx(lab, str(tmp_path_factory.mktemp("runs")))
     V.prepare(lab, HOSTS, c.key)
     c.first = c.run("tiny-a")
     yield c
@@ -144,28 +159,64 @@ def test_bad_inventories_are_refused_before_anything_changes(ctx):
 
 def test_a_worker_that_cannot_start_rolls_the_whole_group_back(ctx):
     # the worker's vLLM dies at import (an unknown log level); the head waits for it, then fails
-    run = ctx.run("tiny-b", env={"VLLM_LOGGING_LEVEL": "{{ 'NOPE' if inventory_hostname == 'gpu2' else 'INFO' }}"})
+    run = ctx.migrate("tiny-b", env={"VLLM_LOGGING_LEVEL": "{{ 'NOPE' if inventory_hostname == 'gpu2' else 'INFO' }}"})
     assert run.rc != 0
     head_msgs = " ".join(msg for _, msg in failures(run, HEAD))
     worker_msgs = " ".join(msg for _, msg in failures(run, WORKER))
     assert "FAILED at Wait until the new server serves" in head_msgs and "Rolled back: 'tiny-a'" in head_msgs
     assert "the head gpu1 of replica group pair did not serve 'tiny-b'" in worker_msgs
     assert "Rolled back: 'tiny-a'" in worker_msgs
+    records = run.custom_stats["modelswap_record"]
+    for host in HOSTS:
+        assert records[host]["outcome"] == "rolled_back" and records[host]["failure"]["step"] == "swap"
+        assert records[host]["replica"]["group"] == "pair"
     ctx.serves("tiny-a")
     assert "models--lab--tiny-a" in ctx.argv(WORKER) and "--headless" in ctx.argv(WORKER)
 
 
-def test_the_group_swaps_to_tiny_b_and_a_rerun_changes_nothing(ctx):
-    run = ctx.run("tiny-b")
+def test_a_migration_left_with_one_node_of_the_group_is_refused_before_anything_changes(ctx):
+    before = ctx.state()
+    run = ctx.migrate("tiny-b", limit="gpu1,localhost")
+    assert run.rc != 0
+    msgs = " ".join(msg for _, msg in failures(run, HEAD))
+    assert "whose gpu2 is not in this play" in msgs, run.failures()
+    # refused at its plan: no purge, download or swap task ran
+    assert not run.task_results("Prepare the host", HEAD) and not run.task_results("Render, swap, prove and record")
+    assert ctx.state() == before
+
+
+def test_the_migrations_preview_shows_the_group_as_one_unit_and_changes_nothing(ctx):
+    before = ctx.state()
+    run = ctx.migrate("tiny-b", check=True)
+    assert run.rc == 0, run.failures()
+    plans = run.custom_stats["modelswap_plan"]
+    swap = {h: {s["step"]: s for s in plans[h]["steps"]}["swap"] for h in HOSTS}
+    assert swap[HEAD]["text"].startswith("replica group pair (gpu1, gpu2; the head: it serves the API): ")
+    assert swap[WORKER]["text"].startswith("replica group pair (gpu1, gpu2; headless, served through gpu1): ")
+    assert swap[HEAD]["would_swap"] and swap[WORKER]["would_swap"] and swap[WORKER]["stop"] == "tiny-a"
+    summary = "\n".join(run.task_results("Show the fleet summary")[0]["msg"])
+    assert "- pair: gpu1, gpu2 (head gpu1): would restart as one unit (gpu1, gpu2 must)" in summary, summary
+    assert ctx.state() == before
+
+
+def test_the_migration_swaps_the_group_to_tiny_b_and_a_rerun_changes_nothing(ctx):
+    run = ctx.migrate("tiny-b")
     assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
     ctx.serves("tiny-b")
+    records = run.custom_stats["modelswap_record"]
     for host in HOSTS:
-        assert ctx.outcome(run, host)["replaced_model"] == "tiny-a"
+        assert records[host]["outcome"] == "migrated" and records[host]["swap"]["replaced_model"] == "tiny-a"
+        assert records[host]["replica"] == {"group": "pair", "nodes": HOSTS, "rank": HOSTS.index(host), "head": HEAD}
+    # one batch: the worker started before its head, in the same play
+    order = [(ev["event_data"]["task"], ev["event_data"]["host"]) for ev in run.events
+             if ev.get("event") == "runner_on_ok" and ev["event_data"]["task"].startswith("Start the new service")]
+    assert order.index(("Start the new service on the workers of a replica group", WORKER)) < \
+        order.index(("Start the new service", HEAD)), order
     pids = {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS}
-    again = ctx.run("tiny-b")
+    again = ctx.migrate("tiny-b")
     assert again.rc == 0, again.failures()
     for host in HOSTS:
-        assert ctx.outcome(again, host)["swapped"] is False and again.changed(host) == 0
+        assert again.changed(host) == 0 and again.custom_stats["modelswap_record"][host]["outcome"] == "unchanged"
     assert {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS} == pids
 
 
@@ -187,21 +238,6 @@ def test_the_fleet_table_reads_a_worker_through_its_head(ctx):
     # the worker is no server of the pool: the group is reached through its head
     assert [r for r in run.task_results("Note this host's status", WORKER)
             if r["_event"] == "runner_on_ok"][0]["ansible_facts"]["fleet_status_result"]["pool"] is None
-
-
-def test_the_migration_refuses_the_nodes_of_a_group_before_it_reads(ctx, tmp_path):
-    before = ctx.state()
-    run = ctx.lab.playbook("playbooks/migrate.yml", V.role_vars(
-        ctx.lab, ctx.key, modelswap_serve="tiny-a", modelswap_models=catalog(ctx.lab),
-        modelswap_replica_groups=GROUPS, modelswap_benchmark=False, modelswap_results_dir=str(tmp_path)),
-        limit="gpu1,gpu2,localhost")
-    assert run.rc != 0
-    for host in HOSTS:
-        msgs = " ".join(msg for _, msg in failures(run, host))
-        assert "migrate: %s is node %d of replica group 'pair'" % (host, HOSTS.index(host)) in msgs, run.failures()
-        # refused by the read before it reached the host: no lease was taken
-        assert ctx.lab.ssh(host, "test -e /var/lib/modelswap/lease.json", check=False).returncode != 0
-    assert ctx.state() == before
 
 
 def test_the_preview_says_what_each_node_would_do(ctx):
@@ -252,3 +288,11 @@ def test_a_controller_killed_between_the_worker_and_the_head_converges_on_rerun(
     ctx.serves(target)
     for host in HOSTS:
         assert V.record(ctx.lab, host)["previous"]["model"] == before
+
+
+@pytest.mark.campaign
+def test_the_migration_swaps_the_group_back(ctx):
+    target = "tiny-a" if V.record(ctx.lab, HEAD)["model"] == "tiny-b" else "tiny-b"
+    run = ctx.migrate(target)
+    assert run.rc == 0, "%s\n%s" % (run.failures(), run.stdout[-6000:])
+    ctx.serves(target)

@@ -12,9 +12,10 @@ play in a preview (no per-host template to compile again in every worker). Pure,
 from __future__ import annotations
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import plan_steps, run_record
+from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_data import dig
 
 # what the plan's service part adds to a step's reported service
-PLAN_SERVICE_KEYS = ("pool", "repairs", "restart_reasons")
+PLAN_SERVICE_KEYS = ("pool", "repairs", "restart_reasons", "replica")
 TRUE_WORDS = ("true", "yes", "on", "1", "y", "t")
 
 
@@ -38,11 +39,14 @@ def _get(mapping, key, default=None):
     return mapping[key] if hasattr(mapping, "get") and key in mapping else default
 
 
-def final_of(facts, *, run_id: str, serve: str, settings: dict, check_mode: bool, now: float) -> dict:
+def final_of(facts, *, run_id: str, serve: str, settings: dict, check_mode: bool, now: float,
+             replica: dict | None = None, group_swap: str = "") -> dict:
     """{"plan", "record", "marks"} of the host whose variables are ``facts``.
 
     settings: the role's record settings ({"benchmark", "download_rate", "install": {"enabled"}}),
-    used where the plan did not keep its own; now: the epoch seconds the record ends at.
+    used where the plan did not keep its own; now: the epoch seconds the record ends at; replica:
+    the host's node of its replica group (serving/replica_group.py's node), None when it serves
+    alone; group_swap: why it restarts although its own plan keeps it (its group restarts).
     """
     plan_reg = _get(facts, "__migrate", {}) or {}
     read = _get(facts, "__migrate_read", {}) or {}
@@ -50,6 +54,12 @@ def final_of(facts, *, run_id: str, serve: str, settings: dict, check_mode: bool
     marks = dict(_get(facts, "__migrate_marks", _get(plan_reg, "marks", {})) or {}, end=now)
     target = _get(plan_reg, "target", serve)
     plan_service = _get(plan_reg, "service", None)
+    if group_swap and plan_service is not None and not plan_service.get("would_swap"):
+        plan_service = dict(plan_service, would_swap=True, repairs=[],
+                            restart_reasons=list(plan_service.get("restart_reasons") or []) + [group_swap],
+                            replaced_model=dig(read, "service", "deployment", "model"))
+    if replica and plan_service is not None:
+        plan_service = dict(plan_service, replica=replica)
     reported = _get(facts, "vllm_service_result", plan_service if plan_service is not None else {})
     service = dict(reported or {})
     service.update({key: value for key, value in (plan_service or {}).items() if key in PLAN_SERVICE_KEYS})
@@ -72,5 +82,5 @@ def final_of(facts, *, run_id: str, serve: str, settings: dict, check_mode: bool
         "timings": marks, "fetch": fetched, "service": _get(facts, "vllm_service_result", plan_service),
         "purge": _get(facts, "migrate_purge_result", None), "benchmark": _get(facts, "benchmark_result", None),
         "failure": failure, "check_mode": check_mode, "lb": _get(facts, "lb_pool_results", None),
-        "prestage": _get(facts, "migrate_prestage_result", None)}))
+        "prestage": _get(facts, "migrate_prestage_result", None), "replica": replica}))
     return {"plan": plan, "record": record, "marks": marks}

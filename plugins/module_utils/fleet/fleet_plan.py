@@ -4,7 +4,8 @@
 host's bytes come from (fleet/peer_plan.py, the planner model_fetch's download follows); on a
 shared store (modelswap_store), what another host of the store serves or targets, which no host
 of the store may delete, and the one host that purges it; each host's drain judged against the
-load balancer's pool as it is now (serving/lb_pool.py).
+load balancer's pool as it is now (serving/lb_pool.py); the rollout's order and batches, where
+a replica group counts as one unit.
 
 Takes plain data, ``FleetHost`` per host (the filter modelswap.vllm.migrate_fleet reads them
 from hostvars), never Ansible's objects. Pure, no I/O: table-tested
@@ -17,6 +18,7 @@ from typing import TypedDict
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import peer_plan as planner
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_data import dig
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import lb_pool
+from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 
 
 class FleetHost(TypedDict, total=False):
@@ -144,7 +146,8 @@ def _store_problem(name: str, store: str, read: dict, stores: dict, unknown: dic
     return ""
 
 
-def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None, others=None) -> dict:
+def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | None = None, others=None,
+               groups=None) -> dict:
     """The fleet-wide part of the plan: {"hosts": {name: {"source", "store_problem", "purge_by",
     "pool"}} (the hosts with a read), "sources": the peer plan's totals and lines (with peers),
     "stores": {store: [protected repo@commit]}}.
@@ -153,7 +156,8 @@ def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | 
     are taken in this order); lb: {type, stats, backend, min_serving, name} of the load balancer;
     others: OtherRead of the stores' hosts outside the play: what a readable one serves or targets
     is protected like a host of the play's; an unreadable one stops every purge of its store,
-    since what it serves is then unknown."""
+    since what it serves is then unknown; groups: modelswap_replica_groups (a group's workers are
+    no servers of the pool: it is drained through its head)."""
     reads, stores, unknown = {}, {}, {}
     _outside(others, stores, unknown)
     for name, host in (hosts or {}).items():
@@ -181,7 +185,8 @@ def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | 
         problem = _store_problem(name, host.get("store") or "", host["read"], stores, unknown)
         if problem:
             out["hosts"][name]["store_problem"] = problem
-    for name, pool in pools(list(reads), lb).items():
+    servers = [name for name in reads if not (replica_group.node(groups, name) or {}).get("headless")]
+    for name, pool in pools(servers, lb).items():
         out["hosts"][name]["pool"] = pool
     if peers:
         states = [{"name": name, "site": host.get("site") or "", "store": host.get("store") or "",
@@ -193,4 +198,58 @@ def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | 
         out["sources"] = {"totals": sources["totals"], "lines": planner.summary_lines(sources)}
         for name, entry in sources["hosts"].items():
             out["hosts"].setdefault(name, {})["source"] = entry
+    return out
+
+
+def _serial_count(value, units: int) -> int:
+    """One ``serial`` value as Ansible reads it (an int, or "N%" of the units, at least 1), over units."""
+    text = str(value).strip()
+    try:
+        if text.endswith("%"):
+            return int(float(text[:-1]) / 100.0 * units) or 1
+        return int(text)
+    except ValueError:
+        raise ValueError("modelswap_serial: %r is not a number of hosts, a percentage (\"25%%\") or a list of "
+                         "them; nothing was changed" % (value,)) from None
+
+
+def batch_sizes(units: list, serial="100%") -> list:
+    """The rollout's batch sizes in hosts (the play's ``serial`` list) for units of hosts, ``serial``
+    counting units as Ansible's counts hosts: a number, "N%" or a list of them (the last repeats);
+    0 or less takes every unit left."""
+    values = list(serial) if isinstance(serial, (list, tuple)) else [serial]
+    values = values or ["100%"]
+    sizes, left, turn = [], list(units), 0
+    while left:
+        count = _serial_count(values[min(turn, len(values) - 1)], len(units))
+        batch, left = (left, []) if count <= 0 else (left[:count], left[count:])
+        sizes.append(sum(len(unit) for unit in batch))
+        turn += 1
+    return sizes
+
+
+def rollout(hosts, groups=None, serial="100%", swaps=None, settled=None) -> dict:
+    """The rollout play's hosts and batches: {"settled" (left out: their plan settled them),
+    "hosts" (the others, each replica group's nodes together), "serial" (batch sizes in hosts,
+    each counting a group once), "groups" ([{group, nodes, head, swap, by}] of the groups in the
+    rollout: ``by`` the nodes whose own plan swaps), "group_swaps" ({node: why} of the nodes
+    that restart only because their group does)}.
+
+    hosts: the plan play's hosts in order; swaps: {host: its own plan swaps}; settled: the hosts
+    the plan settled."""
+    settled = [host for host in hosts or [] if host in (settled or [])]
+    units = replica_group.rollout_units(groups, [host for host in hosts or [] if host not in settled])
+    out = {"settled": settled, "hosts": [host for unit in units for host in unit],
+           "serial": batch_sizes(units, serial), "groups": [], "group_swaps": {}}
+    for unit in units:
+        place = replica_group.node(groups, unit[0])
+        if not place:
+            continue
+        by = [host for host in unit if (swaps or {}).get(host)]
+        out["groups"].append({"group": place["group"], "nodes": place["nodes"], "head": place["head"],
+                              "swap": bool(by), "by": by})
+        for host in unit:
+            if by and host not in by:
+                out["group_swaps"][host] = "its replica group %s restarts as one unit (%s must)" % (
+                    place["group"], ", ".join(by))
     return out

@@ -16,7 +16,6 @@ from typing import TypedDict
 
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_data import dig
 from ansible_collections.modelswap.vllm.plugins.module_utils.fleet.plan_steps import STEP_ORDER, plan_steps
-from ansible_collections.modelswap.vllm.plugins.module_utils.serving import replica_group
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving import service_files
 from ansible_collections.modelswap.vllm.plugins.module_utils.serving.vllm_service_facts import restart_reasons
 
@@ -29,7 +28,8 @@ class ReadSettings(TypedDict, total=False):
     set up outside modelswap the swap replaces ([{"unit"}]); purge_allowed, purge_all_listed;
     fail_on_does_not_fit; benchmark: {enabled, concurrency}; download_rate: bytes/s (0: unknown);
     fleet: this host's part of fleet/fleet_plan.py's plan (source, store_problem, purge_by, pool);
-    problems: refusals judged on the controller first ([{"step", "msg"}]); host_problems: the
+    problems: refusals judged on the controller first ([{"step", "msg"}]); group_problems: why the
+    host's replica group cannot be changed in this play (a node out of it; messages); host_problems: the
     swap's refusals (messages); swap_problems: what a swap needs on the controller (the quality
     reference, the evaluation hook; refused only where the plan swaps); drain_mark, staged_record:
     the files an interrupted run leaves.
@@ -47,23 +47,11 @@ class ReadSettings(TypedDict, total=False):
     download_rate: float
     fleet: dict
     problems: list
+    group_problems: list
     host_problems: list
     swap_problems: list
     drain_mark: str
     staged_record: str
-
-
-def group_refusal(groups, host: str) -> str:
-    """Why the migration refuses a node of a replica group ('' for a host that serves alone): it
-    swaps one host at a time, and a group's nodes stop and start as one unit (vllm_service's
-    deploy does that)."""
-    place = replica_group.node(groups, host)
-    if not place:
-        return ""
-    return ("migrate: %s is node %d of replica group %r (%s), which the migration does not swap yet: it "
-            "swaps one host at a time, and a group's nodes stop and start as one unit. Deploy the group "
-            "with playbooks/deploy.yml (purge.yml and fetch.yml prepare its nodes), or leave its nodes out "
-            "with --limit. Nothing was changed." % (host, place["rank"], place["group"], ", ".join(place["nodes"])))
 
 
 def purge_problem(host: str, target: str, disk: dict, settings: ReadSettings) -> str:
@@ -130,6 +118,7 @@ def _refusals(target: str, disk: dict, swap: bool, settings: ReadSettings) -> li
     """Every refusal of the plan as {"step", "msg"}, in the steps' order (the earliest first)."""
     fleet = settings.get("fleet") or {}
     problems = list(settings.get("problems") or [])
+    problems.extend({"step": "preflight", "msg": msg} for msg in settings.get("group_problems") or [])
     if disk.get("verdict") == "does_not_fit" and settings.get("fail_on_does_not_fit", True):
         problems.append({"step": "preflight", "msg": "%s does not fit on %s: %s" % (
             target, dig(disk, "filesystem", "path"), disk.get("reason"))})

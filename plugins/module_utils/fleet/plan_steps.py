@@ -124,6 +124,11 @@ def _swap_step(target: str, disk, service) -> dict:
     if pool and would_swap:
         text = (f"drain from the load balancer ({pool.get('line')}), {text.replace('; serving stops until the new model is ready', '')}"
                 f", rejoin after the gates; clients are served by the pool's other hosts")
+    replica = dig(service, "replica")
+    if replica:     # a node of a replica group: the group stops and starts as one unit
+        role = ("the head: it serves the API" if replica.get("rank") == 0
+                else f"headless, served through {replica.get('head')}")
+        text = f"replica group {replica.get('group')} ({', '.join(replica.get('nodes') or [])}; {role}): {text}"
     return {
         "step": "swap", "title": f"Stop {old or 'the old model'}, start {target}, prove it serves",
         "would_swap": would_swap, "stop": (old or ", ".join(replaced) or None) if would_swap else None,

@@ -25,7 +25,8 @@ class RecordInputs(TypedDict, total=False):
     timings: {step: the time it started (epoch seconds), "end": ...}; fetch: model_fetch_result;
     service: vllm_service_result; purge: model_purge's result; benchmark: benchmark_result;
     failure: {"step", "task", "msg"} of a failed step; lb: lb_pool_results ({"drain", "rejoin"});
-    prestage: page_cache_warm's result (migrate_prestage_result).
+    prestage: page_cache_warm's result (migrate_prestage_result); replica: the host's node of its
+    replica group ({group, nodes, rank, head}; None for a host that serves alone).
     """
     host: str
     run_id: str
@@ -40,6 +41,7 @@ class RecordInputs(TypedDict, total=False):
     check_mode: bool
     lb: dict | None
     prestage: dict | None
+    replica: dict | None
 
 
 RECORD_REQUIRED = ("host", "run_id", "target", "plan", "check_mode")
@@ -91,6 +93,8 @@ def run_record(inputs: RecordInputs) -> dict:
     return {
         "schema": RECORD_SCHEMA, "run_id": inputs["run_id"], "host": inputs["host"], "target": inputs["target"],
         "outcome": outcome, "check_mode": check_mode,
+        # a node of a replica group: the group swaps as one unit, its head serves the API
+        "replica": inputs.get("replica"),
         "failure": failure, "rolled_back": rolled_back,
         "steps": step_times(inputs.get("timings")), "plan": plan,
         "purge": {"removed": len(dig(purge, "removed", default=[]) or []),

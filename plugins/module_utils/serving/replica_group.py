@@ -114,6 +114,23 @@ def _place(groups, hostname):
     return None
 
 
+def rollout_units(groups, hosts) -> list:
+    """The hosts in rollout units, in the hosts' order: a group's nodes among ``hosts`` together (in
+    rank order, where its first node stands), every other host alone. A rollout counts units, so a
+    group stops and starts in one batch. Refused groups count as none (the plan refuses them)."""
+    hosts = list(hosts or [])
+    valid = not group_problems(groups)
+    units, placed = [], set()
+    for host in hosts:
+        if host in placed:
+            continue
+        place = _place(groups, host) if valid else None
+        unit = [n for n in place["nodes"] if n in hosts] if place else [host]
+        placed.update(unit)
+        units.append(unit)
+    return units
+
+
 def _address_problem(what, value) -> str:
     try:
         ipaddress.ip_address(str(value))

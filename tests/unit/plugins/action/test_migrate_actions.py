@@ -44,6 +44,8 @@ def test_a_kept_slot_is_probed_as_vllm_service_verifies_it():
     assert started["enforce_eager"] is True
     # no start-up budget set (0): vllm_ready's own default, not the short verify timeout
     assert "timeout" not in migrate_host_plan.probe_args(dict(PROBE, start=dict(PROBE["start"], timeout=0)), True)
+    # a replica group's worker is proved through its head's port, which no process of its own holds
+    assert migrate_host_plan.probe_args(dict(PROBE, check_port_owner=False), False)["check_port_owner"] is False
 
 
 def test_every_hosts_diffs_in_one_list_name_their_host():

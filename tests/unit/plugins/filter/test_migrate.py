@@ -137,7 +137,7 @@ def test_the_filters_keep_their_names():
     assert set(migrate.FilterModule().filters()) == {
         "migrate_plan", "migrate_plan_lines", "migrate_read_plan", "migrate_failure", "migrate_fleet",
         "migrate_store_others", "migrate_record", "migrate_host_records", "migrate_preview_diffs",
-        "migrate_settled", "migrate_final", "human_bytes"}
+        "migrate_settled", "migrate_rollout", "migrate_final", "human_bytes"}
     assert migrate.human_bytes(1536) == "1.5 KiB" and migrate.human_bytes(None) == "?"
 
 
@@ -150,6 +150,23 @@ def test_a_previews_diffs_and_a_runs_settled_hosts_are_read_from_each_hosts_plan
     # only a plan that rewrites the slot's files shows its diffs, each named by its host
     assert migrate.preview_diffs(hosts, hostvars) == [dict(unit, before_header="gpu1: /u", after_header="gpu1: /u")]
     assert migrate.settled(hosts, hostvars) == ["gpu1"]
+
+
+def test_the_rollout_leaves_the_settled_out_and_keeps_a_groups_nodes_together_in_one_batch():
+    plans = {"gpu1": {"todo": {"swap": False}}, "gpu2": {"todo": {"swap": True}},
+             "gpu3": {"todo": {"swap": False}, "settled": True}, "gpu4": {"todo": {"swap": True}},
+             "gpu5": {"failed": True, "msg": "refused"}}
+    hostvars = HostVars({h: {"__migrate": p} for h, p in plans.items()})
+    groups = {"pair": {"nodes": ["gpu4", "gpu1"]}}
+    out = migrate.rollout(["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"], hostvars, groups, 1)
+    # the group where its first node stands, in rank order; a failed host keeps its place (Ansible
+    # counts it in its batch)
+    assert out["settled"] == ["gpu3"] and out["hosts"] == ["gpu4", "gpu1", "gpu2", "gpu5"]
+    assert out["serial"] == [2, 1, 1]
+    assert out["groups"] == [{"group": "pair", "nodes": ["gpu4", "gpu1"], "head": "gpu4", "swap": True, "by": ["gpu4"]}]
+    assert out["group_swaps"] == {"gpu1": "its replica group pair restarts as one unit (gpu4 must)"}
+    with pytest.raises(AnsibleFilterError, match="modelswap_serial: 'two' is not a number"):
+        migrate.rollout(["gpu1"], hostvars, groups, "two")
 
 
 PLAYBOOK = """

@@ -83,3 +83,28 @@ def test_a_bad_plan_fails_naming_the_host():
 
 def test_the_filter_is_published():
     assert FilterModule().filters()["migrate_final"] is final
+
+
+GROUPS = {"pair": {"nodes": ["gpu1", "gpu2"]}}
+
+
+def test_a_worker_whose_group_restarts_is_planned_to_restart_with_it_and_each_node_names_its_group():
+    keeps = dict(PLANNED, service=dict(SERVICE_CHECK, would_swap=False, replaced_model=None, restart_reasons=[],
+                                       repairs=["repair the record"]))
+    read = dict(READ, service={"deployment": {"model": "tiny-a"}})
+    hostvars = {"gpu1": {"inventory_hostname": "gpu1", "__migrate_read": read, "__migrate": PLANNED},
+                "gpu2": {"inventory_hostname": "gpu2", "__migrate_read": read, "__migrate": keeps},
+                "localhost": {"__migrate_rollout": {"group_swaps": {"gpu2": "its replica group pair restarts "
+                                                                            "as one unit (gpu1 must)"}}}}
+    out = final(["gpu1", "gpu2"], hostvars, "run-1", "tiny-z", dict(SETTINGS, replica_groups=GROUPS), True, 200.0)
+    worker = {s["step"]: s for s in out["gpu2"]["plan"]["steps"]}["swap"]
+    assert worker["would_swap"] is True and worker["stop"] == "tiny-a" and worker["repairs"] == []
+    assert "restart (its replica group pair restarts as one unit (gpu1 must))" in worker["text"]
+    assert worker["text"].startswith("replica group pair (gpu1, gpu2; headless, served through gpu1): ")
+    head = {s["step"]: s for s in out["gpu1"]["plan"]["steps"]}["swap"]
+    assert head["text"].startswith("replica group pair (gpu1, gpu2; the head: it serves the API): ")
+    assert out["gpu2"]["record"]["replica"] == {"group": "pair", "nodes": ["gpu1", "gpu2"], "rank": 1, "head": "gpu1"}
+    # a host in no group: no replica, its own plan
+    alone = final(["gpu2"], hostvars, "run-1", "tiny-z", SETTINGS, True, 200.0)["gpu2"]
+    assert alone["record"]["replica"] is None
+    assert {s["step"]: s for s in alone["plan"]["steps"]}["swap"]["would_swap"] is False

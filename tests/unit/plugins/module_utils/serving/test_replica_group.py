@@ -166,8 +166,11 @@ def test_a_host_in_no_group_renders_as_before():
     assert alone["env"]["VLLM_HOST_IP"] == "127.0.0.1"
 
 
-def test_the_migration_refuses_a_node_of_a_group_by_name_and_nobody_else():
-    from ansible_collections.modelswap.vllm.plugins.module_utils.fleet import host_plan
-    why = host_plan.group_refusal(GROUPS, "gpu2")
-    assert why.startswith("migrate: gpu2 is node 1 of replica group 'pair' (gpu1, gpu2)") and "deploy.yml" in why
-    assert host_plan.group_refusal(GROUPS, "gpu3") == "" and host_plan.group_refusal({}, "gpu1") == ""
+def test_rollout_units_keep_a_groups_nodes_together_where_its_first_node_stands():
+    groups = {"pair": {"nodes": ["gpu3", "gpu1"]}, "trio": {"nodes": ["gpu5", "gpu6", "gpu7"]}}
+    hosts = ["gpu1", "gpu2", "gpu3", "gpu6", "gpu4", "gpu5"]
+    # rank order inside a unit; a node out of the hosts (gpu7) is not invented
+    assert r.rollout_units(groups, hosts) == [["gpu3", "gpu1"], ["gpu2"], ["gpu5", "gpu6"], ["gpu4"]]
+    # refused groups count as none: every host alone (the plan refuses them)
+    assert r.rollout_units({"pair": {"nodes": ["gpu1"]}}, ["gpu1", "gpu2"]) == [["gpu1"], ["gpu2"]]
+    assert r.rollout_units({}, ["gpu1"]) == [["gpu1"]] and r.rollout_units(None, []) == []
