@@ -115,10 +115,25 @@ def replica_play_problems(groups, hostname, play_hosts):
     return replica_group.play_problems(groups, hostname, play_hosts)
 
 
+def replica_behind_problems(groups, hostname, hostvars, fact, values=None):
+    """Why the host's replica group may not go on: a node whose ``fact`` (in hostvars) is not set in
+    this run, or not one of ``values`` (a node whose failure was rescued stays in the play's batch)."""
+    place = replica_group.node(groups, hostname)
+    if place is None:
+        return []
+    reached = {}
+    for name in place["nodes"]:
+        host = hostvars[name] if name in hostvars else {}
+        value = host.get(fact) if hasattr(host, "get") else None
+        reached[name] = value is not None and (values is None or value in values)
+    return replica_group.behind_problems(groups, hostname, reached)
+
+
 class FilterModule:
     def filters(self):
         return {
             "vllm_serve_argv": _wrap(vllm_serve_argv),
+            "replica_behind_problems": replica_behind_problems,
             "vllm_service_problems": vllm_service_problems,
             "vllm_service_restart_reasons": _wrap(vllm_service_facts.restart_reasons),
             "vllm_service_host_problems": vllm_service_host_problems,

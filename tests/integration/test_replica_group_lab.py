@@ -9,8 +9,8 @@ One story, in order (each group start costs about a minute on the two shared cor
   the model cannot fill, a node left out by --limit, an unreachable node, a node in two groups)
   -> a migration to tiny-b whose worker cannot start rolls the whole group back to tiny-a -> a
   migration left with one node (--limit) refused before anything changes -> the migration's
-  preview (the group as one unit) -> the migration to tiny-b -> a rerun changes nothing -> the
-  fleet table -> deploy.yml's preview -> (campaign, `make test-full`) the rollback to tiny-a, a
+  preview (the group as one unit) -> the migration to tiny-b -> a rerun changes nothing -> a
+  head whose drain fails leaves the group untouched -> the fleet table -> deploy.yml's preview -> (campaign, `make test-full`) the rollback to tiny-a, a
   controller killed between the worker's start and the head's that converges on rerun, and the
   migration back.
 
@@ -18,6 +18,8 @@ gpu1 is the head (node rank 0, the API server), gpu2 the headless worker; each n
 its own core (the inventory's vllm_service_cpu_affinity, VLLM_CPU_OMP_THREADS_BIND the same).
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,7 @@ from tests.support.crash import run_killed_at
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
 HOSTS = ["gpu1", "gpu2"]
+TASKS = str(Path(__file__).parent / "tasks")
 HEAD, WORKER = HOSTS
 # The head fails this long after a worker that never joins (the lab's short rendezvous).
 GROUPS = {"pair": {"nodes": HOSTS, "distributed_timeout": 45}}
@@ -218,6 +221,28 @@ def test_the_migration_swaps_the_group_to_tiny_b_and_a_rerun_changes_nothing(ctx
     for host in HOSTS:
         assert again.changed(host) == 0 and again.custom_stats["modelswap_record"][host]["outcome"] == "unchanged"
     assert {h: V.unit_show(ctx.lab, h, "MainPID")["MainPID"] for h in HOSTS} == pids
+
+
+def test_a_head_whose_drain_fails_leaves_its_group_serving_untouched(ctx):
+    # a load balancer (lb_pool hooks) that refuses to take the head out: the worker is not swapped alone
+    before = ctx.state()
+    run = ctx.migrate("tiny-a", lb_pool_type="hooks", lb_pool_state_tasks=TASKS + "/lb_state_serving.yml",
+                      lb_pool_drain_tasks=TASKS + "/lb_drain_refused.yml",
+                      lb_pool_rejoin_tasks=TASKS + "/lb_state_serving.yml")
+    assert run.rc != 0
+    assert "the test's load balancer refused to take gpu1 out" in " ".join(m for _, m in failures(run, HEAD))
+    assert "whose gpu1 did not get this far in this run" in " ".join(m for _, m in failures(run, WORKER)), \
+        run.failures()
+    records = run.custom_stats["modelswap_record"]
+    assert records[HEAD]["failure"]["step"] == records[WORKER]["failure"]["step"] == "swap"
+    assert not run.task_results("Start the new service on the workers of a replica group")
+    assert ctx.state() == before
+    ctx.serves("tiny-b")
+    # the head keeps the mark of a drain that may have happened (a rerun puts it back); the worker has none
+    mark = "/var/lib/modelswap/lb-drained.json"
+    assert ctx.lab.ssh(HEAD, "test -e " + mark, check=False).returncode == 0
+    assert ctx.lab.ssh(WORKER, "test -e " + mark, check=False).returncode != 0
+    ctx.lab.ssh(HEAD, "rm -f " + mark)
 
 
 def test_the_fleet_table_reads_a_worker_through_its_head(ctx):

@@ -204,6 +204,21 @@ def play_problems(groups, hostname, play_hosts) -> list:
                ", ".join(place["nodes"]), hostname)]
 
 
+def behind_problems(groups, hostname, reached) -> list:
+    """A group is changed as one unit: why this host may not go on when a node of its group did not
+    reach the same step of this run (it failed earlier, and its failure was rescued, so it is still
+    in the play's batch). ``reached``: {node: whether it reached the step}."""
+    place = node(groups, hostname)
+    if place is None:
+        return []
+    behind = [n for n in place["nodes"] if n != hostname and not (reached or {}).get(n)]
+    if not behind:
+        return []
+    return [PROBLEM_PREFIX + "%s is a node of group %r, whose %s did not get this far in this run (%s own "
+            "failure says why). A group is stopped and started as one unit: nothing was changed on %s."
+            % (hostname, place["group"], ", ".join(behind), "its" if len(behind) == 1 else "their", hostname)]
+
+
 def per_node_parallel(place, parallel) -> int:
     """The GPUs one node of the group uses (the whole model's on a host in no group)."""
     parallel = _int(parallel) or 1
