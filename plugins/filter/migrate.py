@@ -127,9 +127,10 @@ def final(hosts, hostvars, run_id, serve, settings, check_mode, now) -> dict:
     out = {}
     groups = (settings or {}).get("replica_groups") if hasattr(settings, "get") else None
     group_swaps = (_values(hostvars, "localhost").get("__migrate_rollout") or {}).get("group_swaps") or {}
+    where = replica_group.places(groups, hosts)
     for host in hosts or []:
         facts = _values(hostvars, host)
-        place = replica_group.node(groups, host)
+        place = where[host]
         try:
             out[host] = final_record.final_of(
                 facts, run_id=run_id, serve=facts.get("modelswap_serve") or serve, settings=settings,

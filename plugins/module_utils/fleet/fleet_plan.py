@@ -185,7 +185,8 @@ def fleet_plan(hosts, *, peers: bool = False, fanout=1, hub_seeds=1, lb: dict | 
         problem = _store_problem(name, host.get("store") or "", host["read"], stores, unknown)
         if problem:
             out["hosts"][name]["store_problem"] = problem
-    servers = [name for name in reads if not (replica_group.node(groups, name) or {}).get("headless")]
+    where = replica_group.places(groups, reads)
+    servers = [name for name in reads if not (where[name] or {}).get("headless")]
     for name, pool in pools(servers, lb).items():
         out["hosts"][name]["pool"] = pool
     if peers:
@@ -241,8 +242,9 @@ def rollout(hosts, groups=None, serial="100%", swaps=None, settled=None) -> dict
     units = replica_group.rollout_units(groups, [host for host in hosts or [] if host not in settled])
     out = {"settled": settled, "hosts": [host for unit in units for host in unit],
            "serial": batch_sizes(units, serial), "groups": [], "group_swaps": {}}
+    where = replica_group.places(groups, [unit[0] for unit in units])
     for unit in units:
-        place = replica_group.node(groups, unit[0])
+        place = where[unit[0]]
         if not place:
             continue
         by = [host for host in unit if (swaps or {}).get(host)]

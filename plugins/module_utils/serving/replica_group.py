@@ -114,17 +114,23 @@ def _place(groups, hostname):
     return None
 
 
+def places(groups, hosts) -> dict:
+    """{host: node(groups, host)} for many hosts, the groups judged once (not once per host)."""
+    valid = not group_problems(groups)
+    return {host: _place(groups, host) if valid else None for host in hosts or []}
+
+
 def rollout_units(groups, hosts) -> list:
     """The hosts in rollout units, in the hosts' order: a group's nodes among ``hosts`` together (in
     rank order, where its first node stands), every other host alone. A rollout counts units, so a
     group stops and starts in one batch. Refused groups count as none (the plan refuses them)."""
     hosts = list(hosts or [])
-    valid = not group_problems(groups)
+    where = places(groups, hosts)
     units, placed = [], set()
     for host in hosts:
         if host in placed:
             continue
-        place = _place(groups, host) if valid else None
+        place = where[host]
         unit = [n for n in place["nodes"] if n in hosts] if place else [host]
         placed.update(unit)
         units.append(unit)

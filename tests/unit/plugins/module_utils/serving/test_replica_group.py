@@ -188,3 +188,8 @@ def test_a_node_waits_for_every_other_node_of_its_group_to_reach_the_same_step()
     assert replica_behind_problems(GROUPS, "gpu1", hostvars, "step", ["checked", "drained"]) == []
     assert replica_behind_problems(GROUPS, "gpu1", {"gpu1": {"step": 1}}, "step") != []
     assert replica_behind_problems(GROUPS, "gpu1", {"gpu1": {"x": 1}, "gpu2": {"step": False}}, "step") == []
+
+
+def test_places_are_each_hosts_node_with_the_groups_judged_once():
+    assert r.places(GROUPS, ["gpu1", "gpu2", "gpu3"]) == {h: r.node(GROUPS, h) for h in ("gpu1", "gpu2", "gpu3")}
+    assert r.places({"pair": {"nodes": ["gpu1"]}}, ["gpu1"]) == {"gpu1": None} and r.places(GROUPS, None) == {}
