@@ -103,3 +103,14 @@ def test_the_filters_are_the_functions():
     settings = dict(GOOD, accel="cpu", parallel=1)
     assert filters["vllm_service_host_problems"](settings, NOT_FETCHED) == checks.host_problems(settings, NOT_FETCHED, {})
     assert filters["vllm_service_host_problems"](settings, NOT_FETCHED, None, True) == []
+
+
+def test_replica_behind_problems_reads_each_nodes_step_of_this_run_from_hostvars():
+    """Unset, or not one of the wanted values, is behind (the module_utils half is tested beside replica_group)."""
+    behind = FilterModule().filters()["replica_behind_problems"]
+    groups = {"pair": {"nodes": ["gpu1", "gpu2"], "distributed_timeout": 120}}
+    hostvars = {"gpu1": {"step": "checked"}, "gpu2": {"step": "drained"}}
+    assert behind(groups, "gpu2", hostvars, "step", ["drained"])[0].count("whose gpu1 ") == 1
+    assert behind(groups, "gpu1", hostvars, "step", ["checked", "drained"]) == []
+    assert behind(groups, "gpu1", {"gpu1": {"step": 1}}, "step") != []
+    assert behind(groups, "gpu1", {"gpu1": {"x": 1}, "gpu2": {"step": False}}, "step") == []
