@@ -47,7 +47,13 @@ class CallbackModule(CallbackBase):
         self.owner = os.getpid()
         for stale in template_cache.stale_folders():
             template_cache.remove_folder(stale)
-        self.folder = template_cache.new_folder()
+        try:
+            self.folder = template_cache.new_folder()
+        except OSError as exc:
+            # no usable temporary folder: the run goes on, compiling as ansible-core does
+            self._display.vvv(f"template_cache: not used, no folder for it ({exc})")
+            self.folder = self.cache = None
+            return
         self.cache = template_cache.install(self.folder)
         if self.cache is None or self.cache.directory != self.folder:
             # this ansible-core's templating is not the one the cache knows, or another run's

@@ -80,6 +80,13 @@ if mode == "unknown":
     template_cache._ansible_internals = lambda: None
     cb = callback_loader.get("modelswap.vllm.template_cache")
     out.update(folder=cb.folder, cache=cb.cache is None, again=render())
+if mode == "no_folder":
+    # no usable temporary folder: the run goes on without the cache
+    def refuse():
+        raise FileNotFoundError("no usable temporary directory found")
+    template_cache.new_folder = refuse
+    cb = callback_loader.get("modelswap.vllm.template_cache")
+    out.update(folder=cb.folder, cache=cb.cache is None, again=render())
 print(json.dumps(out))
 """
 
@@ -110,8 +117,9 @@ def test_a_template_compiled_once_renders_the_same_in_every_process():
     assert out["removed"]
 
 
-def test_an_unknown_templating_is_left_alone():
-    out = probe("unknown")
+@pytest.mark.parametrize("mode", ["unknown", "no_folder"])
+def test_an_unknown_templating_or_no_folder_is_left_alone(mode):
+    out = probe(mode)
     assert out["cache"] and out["folder"] is None and out["again"] == out["plain"]
 
 
