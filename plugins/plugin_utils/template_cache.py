@@ -82,9 +82,15 @@ def key(cache_versions: str, environment, source: str, name, filename, defer_ini
     """The cache file's name: a digest of everything the compiled code depends on."""
     cls = type(environment)
     settings = tuple((attr, getattr(environment, attr, None)) for attr in ENVIRONMENT_SETTINGS)
-    parts = (cache_versions, cls.__module__, cls.__qualname__, environment.code_generator_class.__qualname__,
-             tuple(sorted(environment.extensions)), settings, bool(escape_backslashes), bool(embedded_templates),
-             name, filename, bool(defer_init), source)
+    # what the code generator reads of the environment besides its settings (the filters and
+    # tests it looks up by name are the same plugins in every process of a run)
+    finalize = environment.finalize
+    generator = (environment.code_generator_class.__qualname__, getattr(finalize, "__qualname__", repr(finalize)),
+                 str(getattr(finalize, "jinja_pass_arg", None)), getattr(environment, "sandboxed", False),
+                 tuple(sorted(getattr(environment, "intercepted_binops", ()))),
+                 tuple(sorted(getattr(environment, "intercepted_unops", ()))))
+    parts = (cache_versions, cls.__module__, cls.__qualname__, generator, tuple(sorted(environment.extensions)),
+             settings, bool(escape_backslashes), bool(embedded_templates), name, filename, bool(defer_init), source)
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 

@@ -138,7 +138,8 @@ def test_the_key_holds_what_the_compiled_code_depends_on():
     for change in ({"cache_versions": "w"}, {"source": "{{ y }}"}, {"name": "t"}, {"filename": "f.j2"},
                    {"defer_init": True}, {"escape_backslashes": False}, {"embedded_templates": False},
                    {"environment": env.overlay(trim_blocks=False)}, {"environment": env.overlay(lstrip_blocks=True)},
-                   {"environment": env.overlay(variable_start_string="<<")}):
+                   {"environment": env.overlay(variable_start_string="<<")},
+                   {"environment": env.overlay(finalize=lambda value: value)}):
         assert tc.key(**dict(base, **change)) != first, change
 
 
