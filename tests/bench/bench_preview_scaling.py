@@ -1,7 +1,7 @@
 """Benchmark: how the migration preview's and a converged rerun's controller cost grow with the hosts.
 
     .venv/bin/python tests/bench/bench_preview_scaling.py [--hosts 2,8,16,32] [--rounds 2]
-        [--serve tiny-b] [--current tiny-a] [--prepare MODEL | --standin] [--json FILE]
+        [--serve tiny-b] [--current tiny-a] [--prepare MODEL | --standin [--prepared]] [--json FILE]
 
 Needs a running lab with as many hosts as the largest count (`make lab-up LAB_HOSTS=32`). With
 --prepare MODEL it first brings every host to "vLLM installed, MODEL downloaded and verified"
@@ -158,6 +158,9 @@ def main() -> int:
     prep.add_argument("--prepare", metavar="MODEL", help="first install vLLM and fetch MODEL on every host")
     prep.add_argument("--standin", action="store_true",
                       help="first put the vLLM stand-in on every host and serve CURRENT (then the rerun is measured)")
+    ap.add_argument("--prepared", action="store_true",
+                    help="with --standin: the hosts already serve CURRENT on the stand-in (an earlier --standin "
+                         "run prepared them); measure at once")
     ap.add_argument("--inventory", default=str(labctl.INVENTORY))
     ap.add_argument("--json", help="write every run's figures here")
     args = ap.parse_args()
@@ -176,7 +179,7 @@ def main() -> int:
         if not prepared.ok:
             raise SystemExit(f"preparation failed: {prepared.failures()}\n{prepared.stdout[-3000:]}")
         print(f"prepared in {time.monotonic() - started:.0f} s", flush=True)
-    if args.standin:
+    if args.standin and not args.prepared:
         standin(inventory, limit, args.current, extra)
     ping = Path(tempfile.mkdtemp(prefix="modelswap-bench-ping-")) / "ping.yml"
     ping.write_text(PING_PLAY)
