@@ -19,7 +19,9 @@ count), it runs next to each other on the first N hosts of gpu_hosts:
   baseline   a one-task play (ansible.builtin.ping) on the same hosts: Ansible's own cost of
              reaching N hosts, which no modelswap change can remove
 
-and prints per count the median wall time and controller CPU (user+sys of ansible-playbook and
+each with SSH connections of its own (a fresh ControlPath folder: none of them reuses the
+connections an earlier one opened, as a preview run first in a while does not), and prints per
+count the median wall time and controller CPU (user+sys of ansible-playbook and
 its workers), the growth per added host (least squares over all runs) and its ratio to ping's,
 the tasks per host, and the tasks with the most summed time over hosts at the largest count
 (ansible-runner's per-task durations).
@@ -60,8 +62,12 @@ def children_cpu() -> float:
 
 
 def timed(playbook: str, inventory: str, extra: dict, limit: str, check: bool) -> dict:
+    # every measured command opens its own SSH connections (an empty ControlPath folder), as the
+    # first command in a while does: otherwise whichever runs first pays them for the others
+    control = tempfile.mkdtemp(prefix="msb-cp-")
     cpu, wall = children_cpu(), time.monotonic()
-    result = runner.run_playbook(playbook, inventory, extra, check=check, diff=check, limit=limit)
+    result = runner.run_playbook(playbook, inventory, extra, check=check, diff=check, limit=limit,
+                                 envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": control})
     if playbook == "migrate.yml" and check is False and result.ok:
         # a converged rerun changes nothing on any host
         changed = {h: result.changed(h) for h in result.tasks_per_host() if h != "localhost"}
