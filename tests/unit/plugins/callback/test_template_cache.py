@@ -52,7 +52,7 @@ if mode == "cached":
     folder = cb.folder
     out.update(first=render(), first_counts=[cb.cache.hits, cb.cache.misses, cb.cache.errors],
                files=len([n for n in os.listdir(folder) if not n.startswith(".")]),
-               mode=oct(os.stat(folder).st_mode & 0o777))
+               mode=oct(os.stat(folder).st_mode & 0o777), folder=folder)
     # a forked process (as ansible-playbook forks its workers) loads what this one compiled
     read, write = os.pipe()
     if os.fork() == 0:
@@ -91,15 +91,22 @@ print(json.dumps(out))
 """
 
 
-def probe(mode):
+def probe(mode, tmp=None):
     proc = subprocess.run([sys.executable, "-c", PROBE, str(COLLECTIONS), json.dumps(CORPUS), json.dumps(VARIABLES),
-                           mode], capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+                           mode], capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+                          env=dict(os.environ, TMPDIR=str(tmp)) if tmp else None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_a_template_compiled_once_renders_the_same_in_every_process():
-    out = probe("cached")
+def test_a_template_compiled_once_renders_the_same_in_every_process(tmp_path):
+    # a folder a killed run left behind (its process is gone) is removed by the next run
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (tmp_path / f"modelswap-templates-{gone}-left").mkdir()
+    (tmp_path / f"modelswap-templates-{gone}-left" / "k").write_bytes(b"compiled")
+    out = probe("cached", tmp_path)
+    assert not (tmp_path / f"modelswap-templates-{gone}-left").exists()
     plain = out["plain"]
     # the settings that change the compiled code are told apart
     assert plain[1] != plain[2] and plain[3] != plain[4]
@@ -114,7 +121,7 @@ def test_a_template_compiled_once_renders_the_same_in_every_process():
     # unreadable files are compiled again
     assert out["corrupted"] == plain
     assert out["corrupted_counts"][0] == 0 and out["corrupted_counts"][2] == out["files"]
-    assert out["removed"]
+    assert out["removed"] and out["folder"].startswith(str(tmp_path))
 
 
 @pytest.mark.parametrize("mode", ["unknown", "no_folder"])
