@@ -6,15 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.modules import COLLECTIONS, REPO
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[4]
-COLLECTIONS = (REPO.parents[2] if REPO.parent.name == "modelswap" and REPO.parents[1].name == "ansible_collections"
-               else REPO / ".collections")
 
 # each: the source, the Templar.template options; sources that compile the same text under
 # different settings (trim_blocks, escape_backslashes) must not share a compiled template

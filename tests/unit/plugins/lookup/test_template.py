@@ -4,15 +4,13 @@ fresh interpreter with the collection loader set up as ansible-playbook sets it 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.modules import COLLECTIONS, REPO
+
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[4]
-COLLECTIONS = (REPO.parents[2] if REPO.parent.name == "modelswap" and REPO.parents[1].name == "ansible_collections"
-               else REPO / ".collections")
 
 PROBE = r"""
 import copy, json, sys
